@@ -1,0 +1,83 @@
+"""Condition types, reasons and a pure helper to set one condition in a status list.
+
+kstatus-friendly: Ready, plus abnormal-true Progressing/Degraded. Handlers call
+``set_condition`` on the dicts they hold and write the result to status.conditions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
+
+Status = Literal["True", "False", "Unknown"]
+
+
+class Reason:
+    """CamelCase reasons the operator writes; one vocabulary for events, conditions and alerts."""
+
+    ALL_POOLS_READY = "AllPoolsReady"
+    POOLS_NOT_READY = "PoolsNotReady"
+    WAITING_FOR_CAPACITY = "WaitingForCapacity"
+    ROLLING_OUT = "RollingOut"
+    RECONCILING = "Reconciling"
+    RECONCILED = "Reconciled"
+    SCALED_TO_ZERO = "ScaledToZero"
+    GROUP_RESTARTING = "GroupRestarting"
+    RESTART_BACKOFF = "RestartBackoff"
+    PLACEMENT_STALE = "PlacementStale"
+    IMBALANCE_HIGH = "ImbalanceHigh"
+    INVALID_SPEC = "InvalidSpec"
+    AS_EXPECTED = "AsExpected"
+
+
+def _rfc3339(now: datetime) -> str:
+    return now.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def get_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
+    """The condition of ``type_`` in a status list, or None."""
+    return next((c for c in conditions or () if c.get("type") == type_), None)
+
+
+def is_true(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> bool:
+    """Whether the condition of ``type_`` is present and True."""
+    found = get_condition(conditions, type_)
+    return found is not None and found.get("status") == "True"
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]] | None,
+    type_: str,
+    status: Status,
+    reason: str,
+    message: str,
+    observed_generation: int | None,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """Return a new list with ``type_`` set; lastTransitionTime changes only when status does.
+
+    Other conditions keep their order; a new type is appended.
+    """
+    previous = get_condition(conditions, type_)
+    transition = _rfc3339(now)
+    if previous is not None and previous.get("status") == status and previous.get("lastTransitionTime"):
+        transition = str(previous["lastTransitionTime"])
+    updated: dict[str, Any] = {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": transition,
+    }
+    if observed_generation is not None:
+        updated["observedGeneration"] = observed_generation
+    result = [dict(c) for c in conditions or () if c.get("type") != type_]
+    index = next((i for i, c in enumerate(conditions or ()) if c.get("type") == type_), len(result))
+    result.insert(index, updated)
+    return result

@@ -1,0 +1,150 @@
+"""MoEDeployment status: conditions, per-pool instance counts, expert placement.
+
+Written only by the operator. Large or fast-changing data (per-expert load, the placement
+map itself) lives in ConfigMaps named here, never in status.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import StatusObject
+
+
+class Condition(StatusObject):
+    """One aspect of the deployment's state (Kubernetes condition conventions)."""
+
+    type: str = Field(max_length=64, description="Condition type: Ready, Progressing or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
+    reason: str = Field(
+        default="",
+        max_length=128,
+        description="CamelCase cause, for example WaitingForCapacity, RollingOut or GroupRestarting.",
+    )
+    message: str = Field(default="", max_length=4096, description="Human-readable details and what to do.")
+    last_transition_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When status last changed (RFC 3339).",
+    )
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed for."
+    )
+
+
+class PoolStatus(StatusObject):
+    """Instances of one pool as the operator last observed them."""
+
+    desired_replicas: int = Field(default=0, ge=0, description="Instances the spec asks for.")
+    replicas: int = Field(
+        default=0,
+        ge=0,
+        description="Instances that exist, in any state (the scale subresource's status.replicas).",
+    )
+    ready_replicas: int = Field(
+        default=0, ge=0, description="Instances whose every rank passes its readiness check."
+    )
+    updated_replicas: int = Field(default=0, ge=0, description="Instances running the current spec.")
+    ready: str = Field(
+        default="", max_length=32, description="readyReplicas/desiredReplicas, for kubectl get."
+    )
+    selector: str = Field(
+        default="",
+        max_length=1024,
+        description="Label selector (string form) of the pool's pods, used by the scale subresource and "
+        "HPAs.",
+    )
+    ep_size: int | None = Field(default=None, ge=1, description="Expert-parallel size of each instance.")
+    attention_tensor_parallel: int | None = Field(
+        default=None, ge=1, description="Attention tensor-parallel size of each instance."
+    )
+    group_backend: Literal["StatefulSet", "LeaderWorkerSet"] | None = Field(
+        default=None, description="What runs each instance's pod group (spec.topology.groupBackend resolved)."
+    )
+    group_restarts: int = Field(default=0, ge=0, description="Whole-group restarts since creation.")
+
+
+class PoolsStatus(StatusObject):
+    """Status of each pool."""
+
+    prefill: PoolStatus | None = Field(default=None, description="Prefill pool; absent without spec.prefill.")
+    decode: PoolStatus | None = Field(default=None, description="Decode pool.")
+
+
+class PlacementStatus(StatusObject):
+    """The expert placement a pool currently runs and how well it balances."""
+
+    version: int = Field(
+        default=0, ge=0, description="Version of the published placement; 0 = trivial placement."
+    )
+    config_map: str | None = Field(
+        default=None, max_length=253, description="ConfigMap holding the placement map."
+    )
+    update_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When this version was published.",
+    )
+    last_evaluation_time: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the operator last considered a new placement.",
+    )
+    measured_balancedness: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Balancedness measured over the latest window: per layer mean over GPUs of tokens / "
+        "max over GPUs, averaged over layers (1.0 = perfect).",
+    )
+    predicted_balancedness: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Balancedness the current placement was predicted to reach, scored on windows "
+        "after the ones it was fitted on.",
+    )
+    moved_experts: int | None = Field(
+        default=None, ge=0, description="Expert slots that changed when this version was published."
+    )
+    message: str = Field(
+        default="",
+        max_length=1024,
+        description="Why the last evaluation did or did not publish a new placement.",
+    )
+
+
+class PlacementsStatus(StatusObject):
+    """Expert placement of each pool (pools have different EP sizes, hence different maps)."""
+
+    prefill: PlacementStatus | None = Field(default=None, description="Placement of the prefill pool.")
+    decode: PlacementStatus | None = Field(default=None, description="Placement of the decode pool.")
+
+
+class RouterStatus(StatusObject):
+    """The router Deployment."""
+
+    replicas: int = Field(default=0, ge=0, description="Router pods that exist.")
+    ready_replicas: int = Field(default=0, ge=0, description="Router pods that are ready.")
+    endpoint: str = Field(default="", max_length=1024, description="In-cluster URL clients send requests to.")
+
+
+class MoEDeploymentStatus(StatusObject):
+    """Observed state of an MoEDeployment."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec the operator last acted on."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Ready (all pools serve), Progressing (the operator is still converging; reason "
+        "WaitingForCapacity when a group cannot be placed whole) and Degraded (serving, but with "
+        "restarting groups, stale placement or high imbalance).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    pools: PoolsStatus | None = Field(default=None, description="Instance counts of each pool.")
+    router: RouterStatus | None = Field(default=None, description="Router pods and endpoint.")
+    placement: PlacementsStatus | None = Field(default=None, description="Expert placement of each pool.")

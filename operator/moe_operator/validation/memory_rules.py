@@ -1,0 +1,122 @@
+"""Rule: each instance's weights plus a minimal KV cache fit its GPUs' memory."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..api.derived import (
+    bytes_per_param,
+    kv_bytes_per_element,
+    pool_layout,
+    resolve_architecture,
+    weight_dtype,
+)
+from ..api.spec import MoEDeploymentSpec, PoolSpec
+from ..api.types import parse_bytes
+from ..capacity.layout import InstanceLayout
+from ..capacity.memory import (
+    DEFAULT_MIN_KV_TOKENS,
+    DEFAULT_USABLE_FRACTION,
+    memory_fit,
+    smallest_fitting_nodes,
+)
+from ..models.architecture import MoEArchitecture
+from .common import gib, pools
+from .flags import CONTEXT_LENGTH_FLAG, MEM_FRACTION_FLAG, flag_value
+from .problem import Problem
+
+
+def check_gpu_memory(spec: MoEDeploymentSpec) -> list[Problem]:
+    """gpuMemory must be a positive amount of bytes."""
+    try:
+        if parse_bytes(spec.topology.gpu_memory) > 0:
+            return []
+    except ValueError:
+        pass
+    return [
+        Problem(
+            "spec.topology.gpuMemory",
+            f"spec.topology.gpuMemory ({spec.topology.gpu_memory}) must be a positive quantity of bytes per "
+            "GPU; "
+            "set it to the GPU's memory, such as 80Gi",
+        )
+    ]
+
+
+def check_memory(spec: MoEDeploymentSpec) -> list[Problem]:
+    """Weights + KV for one request of --context-length (else 4096 tokens) fit every GPU of each pool."""
+    arch = resolve_architecture(spec.model)
+    if arch is None or check_gpu_memory(spec):
+        return []
+    problems: list[Problem] = []
+    for name, pool in pools(spec):
+        try:
+            layout = pool_layout(pool, spec.topology)
+        except ValueError:
+            continue  # reported by the attention rule
+        problem = _check_pool(spec, arch, name, pool, layout)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def _check_pool(
+    spec: MoEDeploymentSpec, arch: MoEArchitecture, name: str, pool: PoolSpec, layout: InstanceLayout
+) -> Problem | None:
+    args = [*spec.engine.extra_args, *pool.extra_args]
+    fraction = _number(flag_value(args, MEM_FRACTION_FLAG), DEFAULT_USABLE_FRACTION)
+    min_tokens = int(_number(flag_value(args, CONTEXT_LENGTH_FLAG), DEFAULT_MIN_KV_TOKENS))
+    gpu_bytes = parse_bytes(spec.topology.gpu_memory)
+    b_param, b_kv = bytes_per_param(spec.model, arch), kv_bytes_per_element(spec.model)
+    redundant = spec.eplb.redundant_experts if layout.ep_size > 1 else 0
+    fit = memory_fit(arch, layout, gpu_bytes, b_param, b_kv, redundant, fraction, min_tokens)
+    if fit.fits:
+        return None
+    nodes = smallest_fitting_nodes(arch, layout, gpu_bytes, b_param, b_kv, redundant, fraction, min_tokens)
+    field = f"spec.{name}.nodesPerReplica"
+    head = (
+        f"{field}: one instance of spec.{name} ({layout.nodes} node(s) x {layout.gpus_per_node} GPUs, EP "
+        f"{layout.ep_size}, attention TP {layout.attention_tp}) needs {gib(fit.weights.total)} of "
+        f"{weight_dtype(spec.model, arch)} weights per GPU ({gib(fit.weights.experts)} for "
+        f"{fit.weights.expert_slots_per_gpu:g} expert slots x {arch.moe_layers} MoE layers, "
+        f"{gib(fit.weights.dense)} dense) plus {gib(fit.min_kv_bytes)} of KV cache for {min_tokens} tokens, "
+        f"but only {gib(fit.usable_bytes)} of each GPU is usable (gpuMemory {spec.topology.gpu_memory} x "
+        f"{fraction:g})"
+    )
+    if nodes is None:
+        return Problem(
+            field,
+            f"{head}; no instance of up to 128 nodes fits: use GPUs with more memory "
+            "(spec.topology.gpuMemory), a smaller spec.model.dtype, spec.model.kvCacheDtype fp8_e4m3 "
+            "or a shorter --context-length",
+        )
+    even = _divisible_nodes(arch, layout, nodes, redundant)
+    if even is not None and even != nodes:
+        return Problem(
+            field,
+            f"{head}; set {field} to at least {nodes} ({even} is the smallest that fits and also divides the "
+            f"{arch.routed_experts + redundant} expert slots evenly)",
+        )
+    return Problem(field, f"{head}; set {field} to at least {nodes}, the smallest that fits")
+
+
+def _divisible_nodes(arch: MoEArchitecture, layout: InstanceLayout, start: int, redundant: int) -> int | None:
+    """First node count from ``start`` whose EP size also divides the expert slots."""
+    if layout.ep_size <= 1:
+        return start
+    for nodes in range(start, 129):
+        if nodes * layout.gpus_per_node % layout.attention_tp:
+            continue
+        candidate = replace(
+            layout, nodes=nodes, attention_dp=nodes * layout.gpus_per_node // layout.attention_tp
+        )
+        if (arch.routed_experts + redundant) % candidate.ep_size == 0:
+            return nodes
+    return None
+
+
+def _number(value: str | None, default: float) -> float:
+    try:
+        return float(value) if value is not None else default
+    except ValueError:
+        return default

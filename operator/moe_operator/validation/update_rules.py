@@ -1,0 +1,63 @@
+"""Rules on updates: fields that cannot change in place (mirrors the CRD's CEL transition rules)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .problem import Problem
+
+
+def _get(spec: Mapping[str, Any], path: str, default: Any = None) -> Any:
+    node: Any = spec
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or node.get(part) is None:
+            return default
+        node = node[part]
+    return node
+
+
+def check_update(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> list[Problem]:
+    """Refuse in-place changes that would need a new deployment."""
+    problems: list[Problem] = []
+    old_name, new_name = _get(old_spec, "model.name"), _get(spec, "model.name")
+    if old_name is not None and new_name != old_name:
+        problems.append(
+            Problem(
+                "spec.model.name",
+                f"spec.model.name is immutable ({old_name!r} -> {new_name!r}): another model replaces every "
+                "pod; create a new MoEDeployment and move traffic to it",
+            )
+        )
+    old_arch, new_arch = _get(old_spec, "model.architecture"), _get(spec, "model.architecture")
+    if old_arch != new_arch:
+        problems.append(
+            Problem(
+                "spec.model.architecture",
+                "spec.model.architecture is immutable once the deployment exists: it describes the model "
+                "being served; create a new MoEDeployment for a different architecture",
+            )
+        )
+    old_gpus, new_gpus = _get(old_spec, "topology.gpusPerNode", 8), _get(spec, "topology.gpusPerNode", 8)
+    if old_gpus != new_gpus:
+        problems.append(
+            Problem(
+                "spec.topology.gpusPerNode",
+                f"spec.topology.gpusPerNode is immutable ({old_gpus} -> {new_gpus}): every pod group and "
+                "expert "
+                "placement is shaped by it; create a new MoEDeployment for nodes of another size",
+            )
+        )
+    had_prefill, has_prefill = _get(old_spec, "prefill") is not None, _get(spec, "prefill") is not None
+    if had_prefill != has_prefill:
+        change = "removed" if had_prefill else "added"
+        problems.append(
+            Problem(
+                "spec.prefill",
+                f"spec.prefill cannot be {change} in place: it switches the decode pool between serving "
+                "alone "
+                "and P/D disaggregation, which restarts every group; create a new MoEDeployment and move "
+                "traffic to it",
+            )
+        )
+    return problems

@@ -1,0 +1,1 @@
+"""Tests of the MoEDeployment API, model catalog, capacity model and admission rules."""
