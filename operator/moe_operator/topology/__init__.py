@@ -1,0 +1,1 @@
+"""Topology: which NVLink domain, rack and nodes every engine instance gets."""
