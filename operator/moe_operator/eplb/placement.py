@@ -1,0 +1,60 @@
+"""A fresh placement from a forecast, respecting the node hierarchy.
+
+Hierarchical (expert groups divide over nodes, as in DeepSeek's rule): whole groups go to
+nodes, and every copy of an expert stays on its group's node, so group-limited routing
+keeps its bound on the nodes a token visits. Otherwise one pool of GPUs; with static
+dispatch across several nodes, copies of one expert go to different nodes, because SGLang's
+static rule sends a node's ranks to the node's first copy and uneven copies per node would
+split the expert's tokens unevenly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .forecast import Forecast
+from .layout import IntArray, Layout
+from .packing import Bins, lpt, refine, refine_scenarios
+from .solve import solve_rows
+
+
+def fresh_placement(fc: Forecast, layout: Layout, dispatch: str) -> IntArray:
+    """phy2log [L, P] from scratch (no regard for the current placement)."""
+    scen = fc.scenarios.transpose(1, 0, 2)  # [L, K, E]
+    mean = fc.mean
+    num_layers, num_slots = layout.num_layers, layout.num_slots
+    if layout.hierarchical:
+        experts = node_experts(mean, scen, layout)  # [L, N, E/N]
+        rows = layout.num_layers * layout.num_nodes
+        local = experts.reshape(rows, -1)
+        row_mean = np.take_along_axis(np.repeat(mean, layout.num_nodes, axis=0), local, axis=1)
+        row_scen = np.take_along_axis(
+            np.repeat(scen, layout.num_nodes, axis=0),
+            np.broadcast_to(local[:, None, :], (rows, scen.shape[1], local.shape[1])),
+            axis=2,
+        )
+        bins = Bins(layout.gpus_per_node, layout.slots_per_gpu, np.arange(layout.gpus_per_node))
+        sol = solve_rows(row_mean, row_scen, bins, cap=layout.gpus_per_node)
+        phy = np.take_along_axis(local, sol.expert.reshape(rows, -1), axis=1)
+        return phy.reshape(num_layers, num_slots)
+    per_node = layout.gpus_per_node
+    by_node = dispatch == "static" and layout.num_nodes > 1
+    domain = np.arange(layout.num_gpus) // per_node if by_node else np.arange(layout.num_gpus)
+    bins = Bins(layout.num_gpus, layout.slots_per_gpu, domain)
+    sol = solve_rows(mean, scen, bins, cap=int(domain.max()) + 1)
+    return sol.expert.reshape(num_layers, num_slots)
+
+
+def node_experts(mean: np.ndarray, scen: np.ndarray, layout: Layout) -> IntArray:
+    """Whole expert groups to nodes, balancing node load on the forecast, then on scenarios. -> [L, N, E/N]."""
+    num_layers, num_experts = mean.shape
+    groups, nodes = layout.num_groups, layout.num_nodes
+    size = num_experts // groups
+    group_load = mean.reshape(num_layers, groups, size).sum(axis=2)
+    group_scen = scen.reshape(num_layers, scen.shape[1], groups, size).sum(axis=3)
+    ids = np.broadcast_to(np.arange(groups), (num_layers, groups)).copy()
+    bins = Bins(nodes, groups // nodes, np.arange(nodes))
+    placed = refine(group_load, ids, groups, bins, lpt(group_load, ids, groups, bins))  # [L, N, groups/node]
+    placed = refine_scenarios(group_scen, ids, groups, bins, placed)
+    members: IntArray = (placed[..., None] * size + np.arange(size)).reshape(num_layers, nodes, -1)
+    return members

@@ -1,0 +1,102 @@
+"""How many copies each expert gets (the redundant slots), per row of a batch.
+
+A row is one independent sub-problem: a layer (global placement) or a layer's node
+(hierarchical placement). Candidates are compared later by packing them, because the best
+copy counts depend on how the copies pack (the toy case in the facts file is an example:
+greedy on tokens per copy cannot reach the optimum there).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from .layout import FloatArray, IntArray
+
+MAX_ENUMERATED = 8192  # exhaustive search over copy counts below this many vectors
+
+
+def greedy_counts(score: FloatArray, total: int, cap: int) -> IntArray:
+    """Each extra copy to the expert with the highest score per copy (DeepSeek's rule on ``score``)."""
+    rows, num_experts = score.shape
+    counts = np.ones((rows, num_experts), dtype=np.int64)
+    row_ids = np.arange(rows)
+    for _ in range(total - num_experts):
+        hot = np.argmax(np.where(counts < cap, score / counts, -np.inf), axis=1)
+        counts[row_ids, hot] += 1
+    return counts
+
+
+def scenario_counts(scenarios: FloatArray, total: int, cap: int) -> IntArray:
+    """Extra copies that most reduce the sum over scenarios of the largest per-copy load.
+
+    scenarios [B, K, E]. With one slot per GPU this is exactly the expected per-step
+    bottleneck (SGLang's deepseek_vec idea); with more slots it is a candidate for packing.
+    Only experts in some scenario's top (extra + 2) can ever be a scenario's largest or
+    second largest per-copy load (at most ``extra`` experts get split), so the search runs
+    on that subset: same result, far less work.
+    """
+    rows, num_scen, num_experts = scenarios.shape
+    extra = total - num_experts
+    counts = np.ones((rows, num_experts), dtype=np.int64)
+    if extra <= 0:
+        return counts
+    keep = min(num_experts, extra + 2)
+    if keep < num_experts:
+        top = np.argpartition(-scenarios, keep - 1, axis=2)[:, :, :keep]
+        member = np.zeros((rows, num_experts), dtype=bool)
+        member[np.arange(rows)[:, None, None], top] = True
+    else:
+        member = np.ones((rows, num_experts), dtype=bool)
+    width = int(member.sum(axis=1).max())
+    cols = np.argsort(~member, axis=1, kind="stable")[:, :width]  # candidate experts first
+    valid = np.take_along_axis(member, cols, axis=1)
+    sub = np.take_along_axis(scenarios, np.broadcast_to(cols[:, None, :], (rows, num_scen, width)), axis=2)
+    sub = np.where(valid[:, None, :], sub, 0.0)
+    sub_counts = np.ones((rows, width), dtype=np.int64)
+    row_ids = np.arange(rows)
+    flat_rows = np.repeat(row_ids, num_scen)
+    mean_sub = sub.mean(axis=1)
+    for _ in range(extra):
+        per_copy = sub / sub_counts[:, None, :]
+        first = np.argmax(per_copy, axis=2)  # [B, K]
+        best = np.take_along_axis(per_copy, first[..., None], axis=2)[..., 0]
+        masked = per_copy.copy()
+        np.put_along_axis(masked, first[..., None], -np.inf, axis=2)
+        second = masked.max(axis=2) if width > 1 else np.zeros_like(best)
+        after = best * (
+            np.take_along_axis(sub_counts, first, axis=1)
+            / (np.take_along_axis(sub_counts, first, axis=1) + 1)
+        )
+        gain = np.zeros((rows, width))
+        np.add.at(gain, (flat_rows, first.ravel()), (best - np.maximum(second, after)).ravel())
+        # tie-break on the mean load per copy so flat scenarios still pick a sensible expert
+        key = np.where(valid & (sub_counts < cap), gain + 1e-9 * mean_sub / sub_counts, -np.inf)
+        hot = np.argmax(key, axis=1)
+        sub_counts[row_ids, hot] += 1
+    np.put_along_axis(counts, cols, np.where(valid, sub_counts, 1), axis=1)
+    return counts
+
+
+def all_counts(num_experts: int, total: int, cap: int) -> IntArray | None:
+    """Every copy-count vector (each >= 1, <= cap, summing to total), or None if too many."""
+    extra = total - num_experts
+    if math.comb(extra + num_experts - 1, num_experts - 1) > MAX_ENUMERATED:
+        return None
+    vectors = []
+    for bars in itertools.combinations(range(extra + num_experts - 1), num_experts - 1):
+        edges = (-1, *bars, extra + num_experts - 1)
+        vec = [edges[i + 1] - edges[i] for i in range(num_experts)]  # each = 1 + extras of expert i
+        if max(vec) <= cap:
+            vectors.append(vec)
+    return np.array(vectors, dtype=np.int64) if vectors else None
+
+
+def expand(counts: IntArray) -> IntArray:
+    """Copy counts [B, E] -> expert of each item [B, P], experts in order."""
+    rows, num_experts = counts.shape
+    total = int(counts[0].sum())
+    experts = np.broadcast_to(np.arange(num_experts), counts.shape).ravel()
+    return np.repeat(experts, counts.ravel()).reshape(rows, total)
