@@ -1,0 +1,297 @@
+"""Files through which the engine's plugin and the sidecar talk, inside one pod.
+
+Why files and not a socket: the plugin runs inside SGLang's scheduler process at the
+moment of a rebalance and must never block on, or fail because of, the sidecar. Every
+write is atomic (temp file + rename), so a reader sees a whole document or none; the
+sidecar may be down, slow or restarting and the engine does not notice.
+
+Layout of the state directory (``MOE_RUNTIME_STATE_DIR``, an emptyDir in the pod):
+
+- ``spool/window-*.npz``   per-expert counts of one rebalance window (plugin -> sidecar)
+- ``placement.npz``        the operator's placement accepted by the sidecar (sidecar -> plugin)
+- ``applied.npz``          the map the engine applied last, and where it came from (plugin -> sidecar)
+- ``plugin-status.json``   the plugin's cumulative decision and error counters (plugin -> sidecar)
+- ``init-expert-location.json``  the launcher's ``--init-expert-location`` file
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moe_runtime.placement import IntArray
+
+STATE_DIR_ENV = "MOE_RUNTIME_STATE_DIR"
+DEFAULT_STATE_DIR = "/tmp/moe-runtime"
+SPOOL_LIMIT = 32  # pending windows kept when nobody consumes them
+
+
+def state_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
+    return Path(explicit or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+
+
+def spool_dir(base: Path) -> Path:
+    return base / "spool"
+
+
+def placement_path(base: Path) -> Path:
+    return base / "placement.npz"
+
+
+def applied_path(base: Path) -> Path:
+    return base / "applied.npz"
+
+
+def plugin_status_path(base: Path) -> Path:
+    return base / "plugin-status.json"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, doc: Any) -> None:
+    atomic_write_bytes(path, json.dumps(doc, separators=(",", ":")).encode())
+
+
+def read_json(path: Path) -> Any | None:
+    """The document, or None when absent or unreadable (a reader never raises on I/O)."""
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+
+
+def _npz_bytes(arrays: dict[str, Any], meta: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- placement documents
+
+
+@dataclass(frozen=True)
+class PlacementDoc:
+    """A versioned map; ``generated_at`` (unix s) says when its author last vouched for it."""
+
+    version: int
+    physical_to_logical_map: IntArray
+    generated_at: float
+    source: str = "operator"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "version": self.version,
+            "generated_at": self.generated_at,
+            "source": self.source,
+            "physical_to_logical_map": self.physical_to_logical_map.tolist(),
+        }
+
+    def age(self, now: float | None = None) -> float:
+        return (time.time() if now is None else now) - self.generated_at
+
+
+def parse_placement(doc: Any, *, default_generated_at: float | None = None) -> PlacementDoc:
+    """Parse a placement document's envelope (not its fit to an engine: see placement.validate_map).
+
+    Accepts ``generated_at`` (unix seconds) or ``generatedAt`` (RFC 3339 or seconds), as
+    the operator renders ConfigMaps in camelCase.
+    """
+    if not isinstance(doc, dict):
+        raise ValueError("placement must be a JSON object")
+    version = doc.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise ValueError("placement needs an integer version >= 0")
+    raw_map = doc.get("physical_to_logical_map", doc.get("physicalToLogicalMap"))
+    if raw_map is None:
+        raise ValueError("placement needs physical_to_logical_map")
+    try:
+        arr = np.asarray(raw_map)
+    except ValueError as exc:
+        raise ValueError(f"physical_to_logical_map is not rectangular: {exc}") from exc
+    generated = _parse_time(doc.get("generated_at", doc.get("generatedAt")))
+    if generated is None:
+        if default_generated_at is None:
+            raise ValueError("placement needs generated_at")
+        generated = default_generated_at
+    source = doc.get("source", "operator")
+    known = {
+        "version",
+        "physical_to_logical_map",
+        "physicalToLogicalMap",
+        "generated_at",
+        "generatedAt",
+        "source",
+    }
+    extra = {k: v for k, v in doc.items() if k not in known}
+    return PlacementDoc(version, arr, generated, str(source), extra)
+
+
+def _parse_time(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError as exc:
+            raise ValueError(f"bad timestamp {value!r}") from exc
+    raise ValueError(f"bad timestamp {value!r}")
+
+
+def write_placement(path: Path, doc: PlacementDoc, extra: dict[str, Any] | None = None) -> None:
+    """Binary placement document: the plugin reads it inside a rebalance (JSON would cost ms)."""
+    meta = {
+        **doc.extra,
+        **(extra or {}),
+        "version": doc.version,
+        "generated_at": doc.generated_at,
+        "source": doc.source,
+    }
+    arrays = {"physical_to_logical_map": np.ascontiguousarray(doc.physical_to_logical_map, dtype=np.int64)}
+    atomic_write_bytes(path, _npz_bytes(arrays, meta))
+
+
+def load_placement(path: Path) -> PlacementDoc:
+    """A placement document from ``.npz`` (the sidecar's) or JSON (the operator's ConfigMap)."""
+    if path.suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arr = np.asarray(data["physical_to_logical_map"])
+                meta = json.loads(bytes(data["meta"]).decode())
+        except KeyError as exc:
+            raise ValueError(f"missing {exc}") from exc
+        return parse_placement({**meta, "physical_to_logical_map": arr})
+    return parse_placement(json.loads(path.read_bytes()))
+
+
+class CachedPlacementFile:
+    """Re-parses a placement file only when its mtime or size changed (cheap per rebalance)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._key: tuple[int, int] | None = None
+        self._doc: PlacementDoc | None = None
+        self._error: str | None = None
+
+    def load(self) -> tuple[PlacementDoc | None, str | None]:
+        """(document, None), (None, error) or (None, None) when the file is absent."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            self._key, self._doc, self._error = None, None, None
+            return None, None
+        key = (st.st_mtime_ns, st.st_size)
+        if key != self._key:
+            self._key = key
+            try:
+                self._doc, self._error = load_placement(self.path), None
+            except (OSError, ValueError) as exc:
+                self._doc, self._error = None, f"{self.path}: {exc}"
+        return self._doc, self._error
+
+
+def write_applied(base: Path, phy2log: IntArray, meta: dict[str, Any]) -> None:
+    """Binary, because the plugin writes it inside the engine's rebalance (JSON of 17k ints is ~ms)."""
+    atomic_write_bytes(
+        applied_path(base),
+        _npz_bytes({"physical_to_logical_map": np.ascontiguousarray(phy2log, dtype=np.int64)}, meta),
+    )
+
+
+def read_applied(base: Path) -> tuple[IntArray, dict[str, Any]] | None:
+    try:
+        with np.load(applied_path(base), allow_pickle=False) as data:
+            arr = np.asarray(data["physical_to_logical_map"], dtype=np.int64)
+            meta = json.loads(bytes(data["meta"]).decode())
+    except (OSError, ValueError, KeyError):
+        return None
+    return arr, meta if isinstance(meta, dict) else {}
+
+
+# ---------------------------------------------------------------- load windows
+
+
+@dataclass(frozen=True)
+class WindowRecord:
+    """Per-expert routed-token counts of one window: counts [L, E] summed over its passes."""
+
+    counts: IntArray
+    passes: int
+    started_at: float
+    ended_at: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def write_window(base: Path, record: WindowRecord, *, limit: int = SPOOL_LIMIT) -> Path:
+    """Spool a window for the sidecar; drops the oldest pending ones beyond ``limit``."""
+    directory = spool_dir(base)
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {
+        **record.meta,
+        "passes": record.passes,
+        "started_at": record.started_at,
+        "ended_at": record.ended_at,
+    }
+    path = directory / f"window-{time.time_ns():020d}-{os.getpid()}.npz"
+    atomic_write_bytes(
+        path, _npz_bytes({"counts": np.ascontiguousarray(record.counts, dtype=np.int64)}, meta)
+    )
+    pending = sorted(directory.glob("window-*.npz"))
+    for old in pending[: max(0, len(pending) - limit)]:
+        with contextlib.suppress(OSError):
+            old.unlink()
+    return path
+
+
+def read_window(path: Path) -> WindowRecord:
+    with np.load(path, allow_pickle=False) as data:
+        counts = np.asarray(data["counts"], dtype=np.int64)
+        meta = json.loads(bytes(data["meta"]).decode())
+    passes = int(meta.pop("passes"))
+    started = float(meta.pop("started_at"))
+    ended = float(meta.pop("ended_at"))
+    return WindowRecord(counts, passes, started, ended, meta)
+
+
+def take_windows(base: Path) -> list[WindowRecord]:
+    """Read and remove every spooled window, oldest first; unreadable files are dropped."""
+    out: list[WindowRecord] = []
+    directory = spool_dir(base)
+    try:
+        names = sorted(p for p in directory.iterdir() if p.name.startswith("window-") and p.suffix == ".npz")
+    except OSError:
+        return out
+    for path in names:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            out.append(read_window(path))
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return out

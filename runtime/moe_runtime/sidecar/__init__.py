@@ -1,0 +1,1 @@
+"""The pod's runtime sidecar: load windows, placement pushes, health and Prometheus metrics."""

@@ -1,0 +1,171 @@
+"""Prometheus metrics of the sidecar (prefix ``moe_runtime_``; alert rules are written against them).
+
+One registry per sidecar (not the global one) so tests and the replay engine can run
+several. Plugin counters live in the engine process; they reach Prometheus through
+plugin-status.json and a collector that re-exposes them as counters.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from moe_runtime.sidecar.state import Evaluation, SidecarState, Window
+
+P = "moe_runtime_"
+SOURCES = ("operator", "planner", "original", "init", "trivial")
+
+
+class RuntimeMetrics:
+    def __init__(self, state: SidecarState, registry: CollectorRegistry | None = None) -> None:
+        self.state = state
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.info = Gauge(
+            P + "info", "Runtime identity (value 1).", ["instance", "role", "version"], registry=r
+        )
+        self.engine_ready = Gauge(
+            P + "engine_ready", "1 when the engine answers its health check.", registry=r
+        )
+        self.windows = Counter(P + "windows", "Load windows received from the engine.", registry=r)
+        self.passes = Counter(P + "forward_passes", "Forward passes counted in received windows.", registry=r)
+        self.assignments = Counter(
+            P + "routed_assignments",
+            "Token-to-expert assignments counted (tokens x top-k x MoE layers).",
+            registry=r,
+        )
+        self.tokens = Counter(
+            P + "tokens", "Routed tokens counted (busiest layer's assignments / top-k).", registry=r
+        )
+        self.window_ts = Gauge(P + "window_timestamp_seconds", "End time of the latest window.", registry=r)
+        self.window_passes = Gauge(P + "window_passes", "Forward passes in the latest window.", registry=r)
+        self.layer_bal = Gauge(
+            P + "layer_balancedness",
+            "Per MoE layer: mean/max tokens over GPUs of the current placement on the latest window.",
+            ["layer"],
+            registry=r,
+        )
+        self.layer_max_mean = Gauge(
+            P + "layer_max_mean_ratio",
+            "Per MoE layer: max/mean tokens over GPUs (1.0 = perfect).",
+            ["layer"],
+            registry=r,
+        )
+        self.bal = Gauge(P + "balancedness", "Mean over MoE layers of layer balancedness.", registry=r)
+        self.bal_min = Gauge(P + "balancedness_min", "Worst layer's balancedness.", registry=r)
+        self.max_mean = Gauge(P + "max_mean_ratio", "Mean over MoE layers of max/mean GPU load.", registry=r)
+        self.max_mean_max = Gauge(P + "max_mean_ratio_max", "Worst layer's max/mean GPU load.", registry=r)
+        self.hottest = Gauge(
+            P + "hottest_expert_share",
+            "Largest share of a layer's assignments taken by one expert.",
+            registry=r,
+        )
+        self.hottest_fair = Gauge(
+            P + "hottest_expert_fair_share_ratio", "Hottest expert's share / fair share (1/E).", registry=r
+        )
+        self.pushes = Counter(P + "placement_pushes", "Placement pushes by result.", ["result"], registry=r)
+        self.errors = Counter(P + "sidecar_errors", "Sidecar errors by stage.", ["stage"], registry=r)
+        for result in ("accepted", "refreshed", "rejected", "unauthorized"):
+            self.pushes.labels(result)
+        r.register(_DynamicCollector(state))
+
+    def observe_window(self, window: Window, evaluation: Evaluation | None) -> None:
+        rec = window.record
+        self.windows.inc()
+        self.passes.inc(rec.passes)
+        self.assignments.inc(window.assignments)
+        tokens = window.tokens(self.state.layout.top_k)
+        if tokens is not None:
+            self.tokens.inc(tokens)
+        self.window_ts.set(rec.ended_at)
+        self.window_passes.set(rec.passes)
+        if evaluation is not None:
+            self.observe_evaluation(evaluation)
+
+    def observe_evaluation(self, ev: Evaluation) -> None:
+        self.layer_bal.clear()
+        self.layer_max_mean.clear()
+        for layer, bal, mm in zip(
+            ev.layers.tolist(), ev.balancedness.tolist(), ev.max_mean.tolist(), strict=True
+        ):
+            self.layer_bal.labels(str(layer)).set(bal)
+            self.layer_max_mean.labels(str(layer)).set(mm)
+        self.bal.set(float(ev.balancedness.mean()))
+        self.bal_min.set(float(ev.balancedness.min()))
+        self.max_mean.set(float(ev.max_mean.mean()))
+        self.max_mean_max.set(float(ev.max_mean.max()))
+        self.hottest.set(ev.hottest_share)
+        self.hottest_fair.set(ev.hottest_fair_ratio)
+
+
+class _DynamicCollector(Collector):
+    """Values computed at scrape time: placement versions and ages, plugin counters."""
+
+    def __init__(self, state: SidecarState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Any]:
+        s = self.state
+        now = time.time()
+        pushed = s.pushed
+        yield GaugeMetricFamily(
+            P + "placement_version",
+            "Version of the operator placement the sidecar holds (-1: none).",
+            value=pushed.version if pushed else -1,
+        )
+        yield GaugeMetricFamily(
+            P + "placement_age_seconds",
+            "Seconds since the operator generated (or last re-confirmed) the held placement (-1: none).",
+            value=pushed.age(now) if pushed else -1,
+        )
+        applied = s.applied
+        yield GaugeMetricFamily(
+            P + "placement_applied_version",
+            "Operator version of the map the engine applied last (-1: not an operator map).",
+            value=applied.version if applied and applied.version is not None else -1,
+        )
+        yield GaugeMetricFamily(
+            P + "placement_applied_timestamp_seconds",
+            "When the engine applied its current map (0: trivial since start).",
+            value=applied.applied_at if applied else 0,
+        )
+        src = GaugeMetricFamily(
+            P + "placement_applied_source",
+            "Where the applied map came from (1 for the current source).",
+            labels=["source"],
+        )
+        current = applied.source if applied else "trivial"
+        for name in SOURCES:
+            src.add_metric([name], 1.0 if name == current else 0.0)
+        yield src
+        status = s.plugin_status
+        errors = CounterMetricFamily(
+            P + "plugin_errors",
+            "EPLB plugin errors by stage (counted in the engine process).",
+            labels=["stage"],
+        )
+        for stage in ("window", "export", "placement", "planner", "decide", "broadcast", "status"):
+            errors.add_metric([stage], float(status.get("errors", {}).get(stage, 0)))
+        yield errors
+        decisions = CounterMetricFamily(
+            P + "plugin_decisions", "EPLB plugin decisions by source of the map.", labels=["source"]
+        )
+        for name in ("operator", "planner", "original"):
+            decisions.add_metric([name], float(status.get("decisions", {}).get(name, 0)))
+        yield decisions
+        last = status.get("last") or {}
+        yield GaugeMetricFamily(
+            P + "plugin_hook_seconds",
+            "Last rebalance hook's own time (planner and SGLang's algorithm excluded).",
+            value=float(last.get("hook_seconds", 0.0)),
+        )
+        yield GaugeMetricFamily(
+            P + "plugin_planner_seconds",
+            "Last planner run inside the hook.",
+            value=float(last.get("planner_seconds", 0.0)),
+        )
