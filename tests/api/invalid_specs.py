@@ -344,7 +344,7 @@ INVALID_SPECS: tuple[InvalidSpec, ...] = (
     ),
     InvalidSpec(
         "deepep-on-one-gpu",
-        merge_patch(_QWEN_ALONE, {"topology": {"gpusPerNode": 1}, "decode": {"attentionDataParallel": None}}),
+        merge_patch(_QWEN_ALONE, {"topology": {"gpusPerNode": 1}, "decode": {"attentionDataParallel": 1}}),
         "spec.decode.allToAllBackend",
         "set it to none",
         "webhook",

@@ -124,3 +124,44 @@ def test_metadata_rules(
     resp = api.post(_base(api, namespace), json=obj)
     assert resp.status_code == 422
     assert text in resp.json()["message"]
+
+
+WEBHOOK_CASES = [c for c in INVALID_SPECS if c.layer == "webhook"]
+
+
+@pytest.mark.parametrize("case", WEBHOOK_CASES, ids=lambda c: c.name)
+def test_webhook_refuses_with_field_and_fix(
+    moe_operator: Any, api: httpx.Client, namespace: str, case: InvalidSpec
+) -> None:
+    """The operator's validating webhook, called by the real apiserver (create and dry-run)."""
+    spec, old = build(case)
+    base = _base(api, namespace)
+    for params in ({"dryRun": "All"}, {}):
+        if old is None:
+            resp = api.post(base, json=_obj("bad", spec), params=params)
+        else:
+            created = api.post(base, json=_obj("bad", old))
+            assert created.status_code in (201, 409), created.text
+            current = api.get(f"{base}/bad").json()
+            current["spec"] = spec
+            resp = api.put(f"{base}/bad", json=current, params=params)
+        assert resp.status_code == 422, f"{case.name}: {resp.status_code} {resp.text[:300]}"
+        message = resp.json()["message"]
+        field = case.field.split("[")[0].split(".")[-1]
+        assert field in message, message
+        if "admission webhook" in message:
+            assert case.field in message and case.text in message, message
+        # else an earlier layer (schema or CEL) refused it already: the earliest point wins.
+
+
+def test_webhook_never_blocks_deletes(moe_operator: Any, api: httpx.Client, namespace: str) -> None:
+    base = _base(api, namespace)
+    assert api.post(base, json=_obj("ok", copy.deepcopy(BASE_SPEC))).status_code == 201
+    config = api.get(
+        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/moe.inference.dev"
+    ).json()
+    for hook in config["webhooks"]:
+        assert hook["failurePolicy"] == "Ignore"
+        for rule in hook["rules"]:
+            assert "DELETE" not in rule["operations"] and "*" not in rule["operations"]
+    assert api.delete(f"{base}/ok").status_code == 200

@@ -138,7 +138,7 @@ def _gpu_pod(name: str, gpus: int, label: str, value: str) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("gpus", "label", "value"),
     [
-        (8, "topology.kubernetes.io/zone", "h100-rack-2"),
+        (8, "topology.kubernetes.io/zone", "h100-rack-1"),
         (4, nodepools.CLIQUE_LABEL, "gb200-nvl.1"),
     ],
 )

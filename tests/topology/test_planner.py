@@ -59,13 +59,13 @@ def test_multi_node_nvlink_prefers_clique_and_tp_never_crosses_it() -> None:
 
 
 def test_too_big_waits_with_actionable_message_then_fits_after_nodes_added() -> None:
-    req = PoolRequest("decode", replicas=1, nodes_per_instance=9, gpus_per_node=8)
+    req = PoolRequest("decode", replicas=1, nodes_per_instance=17, gpus_per_node=8)
     nodes = h100_only(default_nodes())
     plan = plan_topology([req], nodes, POLICY)
     assert not plan.placements
     assert plan.waiting[0].message == (
-        "decode instance 0 needs 9 nodes with 8 free GPUs in one NVLink domain or rack; "
-        "the best rack, h100-rack-0, has 8"
+        "decode instance 0 needs 17 nodes with 8 free GPUs in one NVLink domain or rack; "
+        "the best rack, h100-rack-0, has 16"
     )
     extra = NodeInfo("h100-extra", {**nodes[0].labels, "kubernetes.io/hostname": "h100-extra"}, gpus=8)
     plan = plan_topology([req], [*nodes, extra], POLICY)
@@ -91,7 +91,7 @@ def test_stable_across_reconciles_and_moves_only_what_lost_capacity() -> None:
 
 
 def test_whole_rack_lost_moves_instance_to_another_rack() -> None:
-    reqs = [PoolRequest("decode", replicas=1, nodes_per_instance=8, gpus_per_node=8)]
+    reqs = [PoolRequest("decode", replicas=1, nodes_per_instance=16, gpus_per_node=8)]
     nodes = h100_only(default_nodes())
     first = plan_topology(reqs, nodes, POLICY)
     gone = set(first.placements[0].nodes[:2])
@@ -100,7 +100,7 @@ def test_whole_rack_lost_moves_instance_to_another_rack() -> None:
 
 
 def test_never_half_a_group_under_fragmentation() -> None:
-    # Every rack has 3 busy nodes: 5 free per rack; a 6-node instance must wait, taking nothing.
+    # Every rack has 3 busy nodes: 13 free per rack; a 14-node instance must wait, taking nothing.
     nodes = h100_only(default_nodes())
     used: dict[str, int] = {}
     per_rack: Counter[str] = Counter()
@@ -110,8 +110,8 @@ def test_never_half_a_group_under_fragmentation() -> None:
             used[n.name] = 8
             per_rack[rack] += 1
     reqs = [
-        PoolRequest("decode", replicas=1, nodes_per_instance=6, gpus_per_node=8),
-        PoolRequest("prefill", replicas=1, nodes_per_instance=5, gpus_per_node=8),
+        PoolRequest("decode", replicas=1, nodes_per_instance=14, gpus_per_node=8),
+        PoolRequest("prefill", replicas=1, nodes_per_instance=13, gpus_per_node=8),
     ]
     plan = plan_topology(reqs, h100_only(default_nodes(used)), POLICY)
     assert [w.pool for w in plan.waiting] == ["decode"]

@@ -317,6 +317,9 @@ class Sandbox:
         for path in toolchain.kwok_stage_files():
             stage = yaml.safe_load(path.read_text())
             delay = stage.get("spec", {}).get("delay")
+            if delay and stage["metadata"]["name"] == "pod-delete":
+                # Upstream waits up to the whole grace period; simulated processes exit at once.
+                delay.pop("jitterDurationFrom", None)
             if delay:
                 delay["durationMilliseconds"] = min(delay.get("durationMilliseconds", 0), 200)
                 if "jitterDurationMilliseconds" in delay:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,9 @@ class NodePool(BaseModel):
     cpu: str = "64"
     memory: str = "512Gi"
     labels: dict[str, str] = Field(default_factory=dict)
+    extra_resources: dict[str, str] = Field(
+        default_factory=dict, alias="extraResources", description="e.g. a simulated RDMA device plugin"
+    )
 
     @model_validator(mode="after")
     def _one_shape(self) -> NodePool:
@@ -54,6 +58,7 @@ class NodePoolsFile(BaseModel):
 
     rack_label: str = Field(default="topology.kubernetes.io/zone", alias="rackLabel")
     pod_cidr_base: str = Field(default="127.16.0.0/12", alias="podCIDRBase")
+    node_ip_base: str = Field(default="127.1.0.0/16", alias="nodeIPBase")
     pools: list[NodePool]
 
 
@@ -82,10 +87,20 @@ def _pod_cidrs(base: str, count: int) -> list[str]:
     return cidrs
 
 
+def _node_ips(base: str, count: int) -> Iterator[str]:
+    net = ipaddress.ip_network(base)
+    if not net.subnet_of(ipaddress.ip_network("127.0.0.0/8")):  # type: ignore[arg-type]
+        raise ValueError(f"nodeIPBase {base} must lie inside 127.0.0.0/8")
+    hosts = net.hosts()
+    for _ in range(count):
+        yield str(next(hosts))
+
+
 def render_nodes(spec: NodePoolsFile) -> list[dict[str, Any]]:
     """Node objects (with status capacity) for every pool, in a stable order."""
     total = sum(p.size for p in spec.pools)
     cidrs = iter(_pod_cidrs(spec.pod_cidr_base, total))
+    node_ips = _node_ips(spec.node_ip_base, total)
     nodes: list[dict[str, Any]] = []
     for pool in spec.pools:
         prefix = pool.rack_prefix or f"{pool.name}-rack"
@@ -117,6 +132,7 @@ def render_nodes(spec: NodePoolsFile) -> list[dict[str, Any]]:
                 "memory": pool.memory,
                 "pods": "110",
                 "nvidia.com/gpu": str(pool.gpus_per_node),
+                **pool.extra_resources,
             }
             nodes.append(
                 {
@@ -128,7 +144,15 @@ def render_nodes(spec: NodePoolsFile) -> list[dict[str, Any]]:
                         "annotations": {KWOK_ANNOTATION: "fake"},
                     },
                     "spec": {"podCIDR": next(cidrs)},
-                    "status": {"capacity": resources_, "allocatable": dict(resources_)},
+                    "status": {
+                        "capacity": resources_,
+                        "allocatable": dict(resources_),
+                        # Loopback node IPs: hostNetwork pods (RDMA) get one local processes can bind.
+                        "addresses": [
+                            {"type": "InternalIP", "address": next(node_ips)},
+                            {"type": "Hostname", "address": name},
+                        ],
+                    },
                 }
             )
     return nodes

@@ -1,0 +1,1 @@
+"""Thin kopf handlers: read indexes, call the pure planner and renderer, apply, write status."""

@@ -1,0 +1,29 @@
+"""The validating webhook: rules that need the model catalog or arithmetic (CEL covers the rest).
+
+Failure policy is Ignore, deliberately: when the operator is down, users can still apply
+and delete MoEDeployments (the CRD's schema and CEL rules still hold), and the reconciler
+re-runs the same rules before acting, so an invalid spec that slipped through is reported
+as InvalidSpec and changes nothing that runs. Deletes are never sent to the webhook.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from moe_operator.validation import validate
+
+GROUP = "moe.inference.dev"
+RESOURCE = "moedeployments"
+
+
+@kopf.on.validate(
+    GROUP, RESOURCE, id="validate", operations=["CREATE", "UPDATE"], ignore_failures=True, side_effects=False
+)
+def validate_moedeployment(spec: kopf.Spec, **kwargs: Any) -> None:
+    old = kwargs.get("old")
+    old_spec = dict(old.get("spec") or {}) if kwargs.get("operation") == "UPDATE" and old else None
+    problems = validate(dict(spec), old_spec)
+    if problems:
+        raise kopf.AdmissionError("; ".join(f"{p.field}: {p.message}" for p in problems), code=422)

@@ -1,0 +1,100 @@
+"""`moe-operator run`: the operator (reconciler + admission webhook) against the current KUBECONFIG."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from moe_operator.sandbox.paths import cache_root
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="run the operator against the current KUBECONFIG (or in-cluster config)",
+        description="Reconciles MoEDeployments and serves the validating admission webhook.",
+    )
+    p.add_argument("--namespace", "-n", action="append", default=[], help="watch only these namespaces")
+    p.add_argument("--standalone", action="store_true", default=True, help="no peering (one operator)")
+    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
+    p.add_argument("--metrics-port", type=int, default=9100, help="Prometheus metrics port (0 disables)")
+    p.add_argument("--webhook-addr", default="127.0.0.1", help="address the webhook server listens on")
+    p.add_argument("--webhook-host", default=None, help="hostname/IP the apiserver calls (default: addr)")
+    p.add_argument("--webhook-port", type=int, default=9443)
+    p.add_argument("--webhook-cert", type=Path, default=None, help="serving cert (default: generated)")
+    p.add_argument("--webhook-key", type=Path, default=None)
+    p.add_argument("--webhook-ca", type=Path, default=None, help="CA bundle the apiserver trusts the cert by")
+    p.add_argument("--no-webhook", action="store_true", help="do not serve or register the webhook")
+    p.add_argument(
+        "--runtime-image",
+        default=os.environ.get("MOE_RUNTIME_IMAGE", "ghcr.io/moe-inference/moe-runtime:0.1.0"),
+        help="image whose /opt/moe-runtime is copied into engine pods",
+    )
+    p.set_defaults(func=run)
+
+
+def _webhook_files(args: argparse.Namespace) -> tuple[Path, Path, Path]:
+    if args.webhook_cert and args.webhook_key and args.webhook_ca:
+        return args.webhook_cert, args.webhook_key, args.webhook_ca
+    from moe_operator.sandbox.pki import ensure_pki, issue_serving_cert
+
+    host = args.webhook_host or args.webhook_addr
+    pki = ensure_pki(cache_root() / "webhook-pki")
+    cert = pki.dir / "webhook.crt"
+    key = pki.dir / "webhook.key"
+    host_file = pki.dir / "webhook.host"
+    if not cert.exists() or not host_file.exists() or host_file.read_text() != host:
+        cert, key = issue_serving_cert(pki, "webhook", [host, "localhost", "127.0.0.1"])
+        host_file.write_text(host)
+    return cert, key, pki.ca_cert
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    from moe_operator.handlers import admission, indexes, reconcile  # noqa: F401  (registers handlers)
+    from moe_operator.handlers import runtime as rt
+    from moe_operator.handlers.kube import Kube
+    from moe_operator.render.group import RuntimeSettings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    rt.configure(Kube(), RuntimeSettings(runtime_image=args.runtime_image))
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr="0.0.0.0")
+    webhook = None if args.no_webhook else _webhook_files(args)
+
+    @kopf.on.startup()
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="moe.inference.dev")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="moe.inference.dev", key="last-handled-configuration"
+        )
+        settings.persistence.finalizer = "moe.inference.dev/finalizer"
+        settings.posting.level = logging.WARNING  # decisions are posted explicitly as events
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        settings.watching.inactivity_timeout = 600
+        settings.execution.max_workers = 16
+        if webhook is not None:
+            cert, key, ca = webhook
+            settings.admission.server = kopf.WebhookServer(
+                addr=args.webhook_addr,
+                port=args.webhook_port,
+                host=args.webhook_host or args.webhook_addr,
+                certfile=str(cert),
+                pkeyfile=str(key),
+                cafile=str(ca),
+            )
+            settings.admission.managed = "moe.inference.dev"
+
+    kopf.run(
+        standalone=args.standalone,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness or None,
+    )
+    return 0

@@ -1,0 +1,159 @@
+"""kopf in-memory indexes: nodes, GPU use per node, and the pods and children of each deployment.
+
+Reconciles read these instead of calling the API, so a reconcile with nothing to change
+sends no request at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from moe_operator.render import labels as L
+from moe_operator.topology.snapshot import pod_gpu_request
+
+MANAGED = {"app.kubernetes.io/managed-by": L.MANAGED_BY}
+
+
+@kopf.index("nodes")
+def node_index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
+    """name -> the Node object's parts the planner reads."""
+    return {
+        name: {
+            "metadata": {"name": name, "labels": dict(body.metadata.labels or {})},
+            "spec": {
+                "unschedulable": body.spec.get("unschedulable", False),
+                "taints": body.spec.get("taints"),
+            },
+            "status": {
+                "allocatable": dict(body.status.get("allocatable") or {}),
+                "conditions": [
+                    {"type": c.get("type"), "status": c.get("status")}
+                    for c in body.status.get("conditions") or []
+                ],
+            },
+        }
+    }
+
+
+@kopf.index("pods")
+def gpu_use_index(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, Any] | None:
+    """nodeName -> (owning deployment uid or "", GPUs) for every bound pod still holding GPUs."""
+    node = spec.get("nodeName")
+    if not node or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    gpus = pod_gpu_request(body)
+    if not gpus:
+        return None
+    return {node: ((body.metadata.labels or {}).get(L.DEPLOYMENT_UID, ""), gpus)}
+
+
+@kopf.index("pods", labels=MANAGED)
+def engine_pod_index(
+    name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spec, status: kopf.Status, **_: Any
+) -> dict[Any, Any] | None:
+    """(namespace, deployment) -> engine pod summaries."""
+    labels = body.metadata.labels or {}
+    deployment = labels.get(L.DEPLOYMENT)
+    if not deployment or L.INSTANCE not in labels:
+        return None
+    statuses = status.get("containerStatuses") or []
+    return {
+        (namespace, deployment): {
+            "name": name,
+            "uid": body.metadata.uid,
+            "pool": labels.get(L.POOL),
+            "instance": int(labels[L.INSTANCE]),
+            "rank": int(labels.get("apps.kubernetes.io/pod-index", "0")),
+            "phase": status.get("phase", "Pending"),
+            "ready": any(
+                c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+            ),
+            "restarts": sum(int(c.get("restartCount", 0)) for c in statuses),
+            "created": body.metadata.get("creationTimestamp"),
+            "deleting": body.metadata.get("deletionTimestamp") is not None,
+            "templateHash": (body.metadata.annotations or {}).get(L.TEMPLATE_HASH, ""),
+            "node": spec.get("nodeName"),
+            "ip": status.get("podIP"),
+        }
+    }
+
+
+def _child(kind: str, name: str, namespace: str | None, body: kopf.Body) -> dict[Any, Any] | None:
+    labels = body.metadata.labels or {}
+    deployment = labels.get(L.DEPLOYMENT)
+    if not deployment:
+        return None
+    annotations = body.metadata.annotations or {}
+    return {
+        (namespace, deployment): {
+            "kind": kind,
+            "name": name,
+            "specHash": annotations.get(L.SPEC_HASH),
+            "annotations": dict(annotations),
+            "created": body.metadata.get("creationTimestamp"),
+            "status": dict(body.get("status") or {}),
+        }
+    }
+
+
+# One index per kind the operator owns: (namespace, deployment) -> [child summaries].
+@kopf.index("statefulsets", labels=MANAGED)
+def statefulset_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    return _child("StatefulSet", name, namespace, body)
+
+
+@kopf.index("deployments", labels=MANAGED)
+def deployment_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    return _child("Deployment", name, namespace, body)
+
+
+@kopf.index("services", labels=MANAGED)
+def service_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    return _child("Service", name, namespace, body)
+
+
+@kopf.index("configmaps", labels=MANAGED)
+def configmap_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    return _child("ConfigMap", name, namespace, body)
+
+
+@kopf.index("secrets", labels=MANAGED)
+def secret_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    return _child("Secret", name, namespace, body)
+
+
+@kopf.index("serviceaccounts", labels=MANAGED)
+def serviceaccount_index(
+    name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[Any, Any] | None:
+    return _child("ServiceAccount", name, namespace, body)
+
+
+@kopf.index("roles.rbac.authorization.k8s.io", labels=MANAGED)
+def role_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    return _child("Role", name, namespace, body)
+
+
+@kopf.index("rolebindings.rbac.authorization.k8s.io", labels=MANAGED)
+def rolebinding_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    return _child("RoleBinding", name, namespace, body)
+
+
+@kopf.index("poddisruptionbudgets.policy", labels=MANAGED)
+def pdb_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+    return _child("PodDisruptionBudget", name, namespace, body)
+
+
+CHILD_INDEXES = (
+    "statefulset_index",
+    "deployment_index",
+    "service_index",
+    "configmap_index",
+    "secret_index",
+    "serviceaccount_index",
+    "role_index",
+    "rolebinding_index",
+    "pdb_index",
+)

@@ -1,0 +1,224 @@
+"""The MoEDeployment reconciler: a thin kopf shell around plan -> render -> apply.
+
+Level-based: the same function runs on create/update/resume and on a short timer, reads
+only kopf indexes, writes only what differs (by content hash), and never writes status
+that did not change. Spec problems (the webhook fails open) stop the reconcile without
+touching anything already running.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import kopf
+from pydantic import ValidationError
+
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api.conditions import set_condition
+from moe_operator.handlers import runtime as rt
+from moe_operator.handlers.observe import (
+    compute_status,
+    group_states,
+    node_snapshot,
+    pool_requests,
+    status_changed,
+    topology_policy,
+)
+from moe_operator.lifecycle import GroupState, decide, formed, pool_may_roll, restarts_after
+from moe_operator.render import labels as L
+from moe_operator.render.children import render_children
+from moe_operator.render.group import Owner
+from moe_operator.render.shared import token_secret
+from moe_operator.topology.planner import plan_topology
+from moe_operator.validation import validate
+
+GROUP = "moe.inference.dev"
+RESOURCE = "moedeployments"
+RECONCILE_INTERVAL_S = 5.0
+LIFECYCLE_MANAGER = "moe-operator-groups"
+
+_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+
+
+def _children(indexes: dict[str, Any], key: tuple[str, str]) -> list[dict[str, Any]]:
+    from moe_operator.handlers.indexes import CHILD_INDEXES
+
+    out: list[dict[str, Any]] = []
+    for index_name in CHILD_INDEXES:
+        out += list(indexes[index_name].get(key, []))
+    return out
+
+
+def reconcile(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    logger: logging.Logger | kopf.Logger,
+    indexes: dict[str, Any],
+) -> None:
+    name, namespace = str(body.metadata.name), str(body.metadata.namespace or "")
+    uid = body.metadata.uid
+    generation = int(body.metadata.get("generation") or 0)
+    current_status = dict(body.get("status") or {})
+    now = datetime.now(UTC)
+    with _locks[(namespace, name)]:
+        try:
+            spec = MoEDeploymentSpec.model_validate(dict(body.spec))
+            problems = validate(dict(body.spec), None)
+        except ValidationError as exc:
+            problems = [type("P", (), {"field": "spec", "message": str(exc)})()]  # pragma: no cover
+        if problems:
+            message = "; ".join(f"{p.field}: {p.message}" for p in problems)[:4000]
+            conditions = current_status.get("conditions") or []
+            invalid: tuple[tuple[str, Literal["True", "False"]], ...] = (
+                ("Ready", "False"),
+                ("Degraded", "True"),
+            )
+            for type_, status in invalid:
+                conditions = set_condition(conditions, type_, status, "InvalidSpec", message, generation, now)
+            invalid_status = {"observedGeneration": generation, "conditions": conditions}
+            if status_changed(current_status, invalid_status):
+                kopf.warn(body, reason="InvalidSpec", message=message)
+                patch.status.update(invalid_status)
+            return
+
+        key = (namespace, name)
+        owner = Owner(name=name, namespace=namespace, uid=uid)
+        children = _children(indexes, key)
+        statefulsets = [c for c in children if c["kind"] == "StatefulSet"]
+        nodes = node_snapshot(
+            [v for vals in indexes["node_index"].values() for v in vals],
+            {node: list(vals) for node, vals in indexes["gpu_use_index"].items()},
+            uid,
+        )
+        from moe_operator.handlers.observe import previous_placements
+
+        plan = plan_topology(
+            pool_requests(spec), nodes, topology_policy(spec), previous_placements(statefulsets, name)
+        )
+        kube = rt.kube()
+
+        # The runtime token: created once, kept across reconciles and operator restarts.
+        if not any(c["kind"] == "Secret" and c["name"] == f"{name}-runtime-token" for c in children):
+            kube.create(token_secret(owner, secrets.token_urlsafe(32)))
+
+        desired = render_children(spec, owner, plan, rt.settings())
+        observed = {(c["kind"], c["name"]): c for c in children}
+        for obj in desired:
+            have = observed.get((obj["kind"], obj["metadata"]["name"]))
+            if have is not None and have["specHash"] == obj["metadata"]["annotations"][L.SPEC_HASH]:
+                continue
+            kube.apply(obj)
+            logger.info(f"applied {obj['kind']} {obj['metadata']['name']}")
+        wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
+        for (kind, child), c in observed.items():
+            # Only objects this reconciler rendered (they carry a spec hash) are pruned.
+            if c["specHash"] and (kind, child) not in wanted:
+                api_version = "apps/v1" if kind in ("StatefulSet", "Deployment") else _api_version(kind)
+                kube.delete(api_version, kind, namespace, child)
+                logger.info(f"deleted {kind} {child}: no longer in the plan")
+
+        # Group semantics: restart broken instances whole; roll spec changes one at a time.
+        pods = list(indexes["engine_pod_index"].get(key, []))
+        groups = group_states(spec, name, statefulsets, pods, plan)
+        restarting: dict[tuple[str, int], str] = {}
+        for pool in {g.pool for g in groups}:
+            mine = [g for g in groups if g.pool == pool]
+            may_roll = pool_may_roll(mine)
+            for g in sorted(mine, key=lambda g: g.index):
+                decision = decide(g, now, may_roll)
+                if decision.action == "none":
+                    continue
+                restarting[(g.pool, g.index)] = decision.message
+                if decision.action == "restart":
+                    count = restarts_after(g, now) if decision.reason != "RollingOut" else g.restarts
+                    annotations = {
+                        L.GROUP_EPOCH: now.isoformat(),
+                        L.GROUP_RESTARTS: str(count),
+                        L.GROUP_MEMBERS: "",
+                    }
+                    kube.merge_patch(
+                        _sts_path(namespace, name, g),
+                        {"metadata": {"annotations": annotations}},
+                        LIFECYCLE_MANAGER,
+                    )
+                    kube.delete_pods(namespace, L.instance_selector(name, g.pool, g.index))
+                    kopf.event(body, type="Normal", reason=decision.reason, message=decision.message)
+                    logger.info(decision.message)
+                if decision.reason == "RollingOut":
+                    may_roll = False
+            for g in mine:
+                if (g.pool, g.index) not in restarting and formed(g):
+                    # The world formed: remember its ranks, so a rank recreated alone is noticed.
+                    members = ",".join(sorted(p.uid for p in g.pods))
+                    kube.merge_patch(
+                        _sts_path(namespace, name, g),
+                        {"metadata": {"annotations": {L.GROUP_MEMBERS: members}}},
+                        LIFECYCLE_MANAGER,
+                    )
+
+        router = next((c for c in children if c["kind"] == "Deployment"), None)
+        desired_status = compute_status(
+            spec,
+            name,
+            namespace,
+            generation,
+            current_status,
+            plan,
+            groups,
+            restarting,
+            router["status"] if router else None,
+            now,
+        )
+        if status_changed(current_status, desired_status):
+            old_ready: dict[str, Any] = next(
+                (c for c in current_status.get("conditions") or [] if c["type"] == "Ready"), {}
+            )
+            new_ready = next(c for c in desired_status["conditions"] if c["type"] == "Ready")
+            if (old_ready.get("reason"), old_ready.get("message")) != (
+                new_ready["reason"],
+                new_ready["message"],
+            ):
+                kopf.event(
+                    body,
+                    type="Warning" if new_ready["reason"] == "WaitingForCapacity" else "Normal",
+                    reason=new_ready["reason"],
+                    message=new_ready["message"],
+                )
+            patch.status.update(desired_status)
+
+
+def _sts_path(namespace: str, name: str, g: GroupState) -> str:
+    return f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{L.instance_name(name, g.pool, g.index)}"
+
+
+def _api_version(kind: str) -> str:
+    return {
+        "PodDisruptionBudget": "policy/v1",
+        "Role": "rbac.authorization.k8s.io/v1",
+        "RoleBinding": "rbac.authorization.k8s.io/v1",
+    }.get(kind, "v1")
+
+
+def _indexes(kwargs: dict[str, Any]) -> dict[str, Any]:
+    from moe_operator.handlers.indexes import CHILD_INDEXES
+
+    names = ("node_index", "gpu_use_index", "engine_pod_index", *CHILD_INDEXES)
+    return {n: kwargs[n] for n in names}
+
+
+@kopf.on.resume(GROUP, RESOURCE)
+@kopf.on.create(GROUP, RESOURCE)
+@kopf.on.update(GROUP, RESOURCE)
+def on_change(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
+    reconcile(body, patch, logger, _indexes(kwargs))
+
+
+@kopf.timer(GROUP, RESOURCE, interval=RECONCILE_INTERVAL_S, initial_delay=RECONCILE_INTERVAL_S)
+def on_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
+    """Level-based catch-up: capacity appeared, a pod failed, a group became ready."""
+    reconcile(body, patch, logger, _indexes(kwargs))

@@ -1,0 +1,139 @@
+"""Group semantics of one engine instance: when to restart all its ranks, when to roll it (pure).
+
+Ranks of one NCCL/DeepEP world cannot rejoin singly: when any pod of an instance fails,
+restarts, or was recreated on its own, every pod of the instance is restarted together,
+with exponential backoff so a crash-looping group does not hammer the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+BACKOFF_BASE_S = 10.0
+BACKOFF_MAX_S = 300.0
+STABLE_RESET_S = 600.0
+
+
+@dataclass(frozen=True)
+class PodState:
+    name: str
+    uid: str
+    rank: int
+    phase: str
+    ready: bool
+    restarts: int
+    created: datetime
+    template_hash: str
+    node: str | None
+
+
+@dataclass(frozen=True)
+class GroupState:
+    """What the operator knows of one instance: its StatefulSet's annotations and its pods."""
+
+    pool: str
+    index: int
+    nnodes: int
+    template_hash: str
+    epoch: datetime  # when the operator last (re)started the whole group
+    restarts: int
+    pods: tuple[PodState, ...]
+    members: frozenset[str] = frozenset()  # pod UIDs of the running world, recorded once it formed
+    moved: bool = False  # the planner gave the instance other nodes
+
+
+@dataclass(frozen=True)
+class GroupDecision:
+    action: Literal["none", "restart", "wait"]
+    reason: str = ""
+    message: str = ""
+    retry_in: float = 0.0
+
+    @property
+    def restarting(self) -> bool:
+        return self.action != "none"
+
+
+def backoff_seconds(restarts: int) -> float:
+    if restarts <= 0:
+        return 0.0
+    return float(min(BACKOFF_BASE_S * 2 ** (restarts - 1), BACKOFF_MAX_S))
+
+
+def is_ready(group: GroupState) -> bool:
+    """All ranks run and are ready (possibly on the previous template, while a roll waits)."""
+    return len(group.pods) == group.nnodes and all(p.ready and p.phase == "Running" for p in group.pods)
+
+
+def is_updated(group: GroupState) -> bool:
+    return bool(group.pods) and all(p.template_hash == group.template_hash for p in group.pods)
+
+
+def broken_reason(group: GroupState) -> str | None:
+    """Why the group's world is broken, or None."""
+    if group.moved:
+        return "the planner moved the instance to other nodes"
+    for p in sorted(group.pods, key=lambda p: p.rank):
+        if p.phase == "Failed":
+            return f"pod {p.name} (rank {p.rank}) failed"
+        if p.restarts > 0:
+            return f"pod {p.name} (rank {p.rank}) restarted {p.restarts} time(s)"
+        if group.members and p.uid not in group.members:
+            return f"pod {p.name} (rank {p.rank}) was recreated alone"
+    return None
+
+
+def decide(group: GroupState, now: datetime, may_roll: bool) -> GroupDecision:
+    """Restart the whole group when it is broken (with backoff), or roll it to a new template.
+
+    `may_roll` is False while another instance of the pool is not ready: spec changes roll
+    instances one at a time so the pool keeps serving.
+    """
+    reason = broken_reason(group)
+    if reason is not None:
+        wait = backoff_seconds(group.restarts) - (now - group.epoch).total_seconds()
+        if wait > 0 and not group.moved:
+            return GroupDecision(
+                "wait",
+                "RestartBackoff",
+                f"{group.pool} instance {group.index}: {reason}; restarting the whole group in {wait:.0f}s "
+                f"(restart {group.restarts + 1}, exponential backoff)",
+                retry_in=wait,
+            )
+        return GroupDecision(
+            "restart",
+            "GroupRestarting",
+            f"{group.pool} instance {group.index}: {reason}; restarting all {group.nnodes} ranks together",
+        )
+    if not is_updated(group) and group.pods:
+        if not may_roll:
+            return GroupDecision("none")
+        return GroupDecision(
+            "restart",
+            "RollingOut",
+            f"{group.pool} instance {group.index}: rolling to the new spec (one instance at a time)",
+        )
+    return GroupDecision("none")
+
+
+def formed(group: GroupState) -> bool:
+    """Every rank runs and no world is recorded yet: time to record its members."""
+    running = [p for p in group.pods if p.phase == "Running"]
+    return not group.members and len(running) == group.nnodes
+
+
+def restarts_after(group: GroupState, now: datetime) -> int:
+    """The restart count to record when restarting now: reset after a long stable run."""
+    stable_for = (now - group.epoch).total_seconds()
+    return 1 if stable_for > STABLE_RESET_S else group.restarts + 1
+
+
+def pool_may_roll(groups: Sequence[GroupState]) -> bool:
+    """Roll the next instance only when every instance of the pool is ready and updated, or
+    when none is ready anyway (nothing serving to protect)."""
+    if not any(is_ready(g) for g in groups):
+        return True
+    return all(is_ready(g) for g in groups)

@@ -1,0 +1,40 @@
+"""Everything one MoEDeployment owns, rendered from its spec and topology plan (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.render import labels as L
+from moe_operator.render.engine import pools
+from moe_operator.render.group import Owner, RuntimeSettings, instance_objects
+from moe_operator.render.shared import (
+    engine_config_map,
+    pool_disruption_budget,
+    pool_service,
+    router_objects,
+    runtime_rbac,
+)
+from moe_operator.topology.planner import TopologyPlan
+
+
+def render_children(
+    spec: MoEDeploymentSpec, owner: Owner, plan: TopologyPlan, settings: RuntimeSettings
+) -> list[dict[str, Any]]:
+    """Desired children, each annotated with a hash of its content (unchanged hash: no write).
+
+    Instances that wait for capacity get no StatefulSet: never half a group.
+    """
+    objects: list[dict[str, Any]] = [*runtime_rbac(spec, owner)]
+    for pool in pools(spec):
+        config = engine_config_map(spec, owner, pool)
+        objects += [config, pool_service(spec, owner, pool), pool_disruption_budget(owner, pool)]
+        config_hash = L.content_hash(config["data"])
+        for placement in plan.placements:
+            if placement.pool == pool:
+                objects += instance_objects(spec, owner, pool, placement, settings, config_hash)
+    objects += router_objects(spec, owner)
+    for obj in objects:
+        annotations = obj["metadata"].setdefault("annotations", {})
+        annotations[L.SPEC_HASH] = L.content_hash({k: v for k, v in obj.items() if k != "status"})
+    return objects

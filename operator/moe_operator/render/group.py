@@ -1,0 +1,268 @@
+"""One engine instance = one pod group: a StatefulSet (one pod per node) and a headless Service."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api.derived import pool_layout
+from moe_operator.api.types import parse_duration
+from moe_operator.render import labels as L
+from moe_operator.render.engine import Pool, pools
+from moe_operator.topology.planner import Placement
+
+SIDECAR_PORT = 9400
+RUNTIME_DIR = "/opt/moe-runtime"
+ENGINE_CONFIG_DIR = "/etc/moe/engine"
+PLACEMENT_DIR = "/etc/moe/placement"
+TOKEN_DIR = "/etc/moe/token"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The MoEDeployment that owns every child (garbage collection deletes them with it)."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "moe.inference.dev/v1alpha1",
+            "kind": "MoEDeployment",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    """Operator-level settings of what runs in engine pods (not per MoEDeployment)."""
+
+    runtime_image: str = "ghcr.io/moe-inference/moe-runtime:0.1.0"
+
+
+def engine_config_name(name: str, pool: str) -> str:
+    return f"{name}-{pool}-engine"
+
+
+def placement_config_name(name: str, pool: str) -> str:
+    return f"{name}-{pool}-placement"
+
+
+def token_secret_name(name: str) -> str:
+    return f"{name}-runtime-token"
+
+
+def service_account_name(name: str) -> str:
+    return f"{name}-runtime"
+
+
+def leader_address(owner: Owner, pool: str, index: int) -> str:
+    inst = L.instance_name(owner.name, pool, index)
+    return f"{inst}-0.{inst}.{owner.namespace}.svc.cluster.local"
+
+
+def _env(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def pod_template(
+    spec: MoEDeploymentSpec, owner: Owner, pool: Pool, placement: Placement, settings: RuntimeSettings
+) -> dict[str, Any]:
+    """The pod of every rank of one instance: all the node's GPUs, pinned to the planned nodes."""
+    p = pools(spec)[pool]
+    layout = pool_layout(p, spec.topology)
+    topo = spec.topology
+    gpus = str(topo.gpus_per_node)
+    resources = copy.deepcopy(spec.engine.resources or {})
+    limits = resources.setdefault("limits", {})
+    limits[topo.gpu_resource_name] = gpus
+    if topo.rdma_resource_name:
+        limits[topo.rdma_resource_name] = "1"
+    resources.setdefault("requests", {})[topo.gpu_resource_name] = gpus
+    if topo.rdma_resource_name:
+        resources["requests"][topo.rdma_resource_name] = "1"
+
+    ports = [
+        {"name": "http", "containerPort": spec.engine.port},
+        {"name": "dist-init", "containerPort": spec.engine.dist_init_port},
+        {"name": "runtime", "containerPort": SIDECAR_PORT},
+    ]
+    if pool == "prefill":
+        ports.append({"name": "bootstrap", "containerPort": spec.kv_transfer.bootstrap_port})
+
+    startup_periods = max(int(parse_duration(spec.engine.startup_timeout) // 10), 1)
+    mounts = [
+        {"name": "runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
+        {"name": "engine-config", "mountPath": ENGINE_CONFIG_DIR, "readOnly": True},
+        {"name": "placement", "mountPath": PLACEMENT_DIR, "readOnly": True},
+        {"name": "runtime-token", "mountPath": TOKEN_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "runtime", "emptyDir": {}},
+        {"name": "engine-config", "configMap": {"name": engine_config_name(owner.name, pool)}},
+        # The control loop publishes placements; pods start without one (trivial placement).
+        {
+            "name": "placement",
+            "configMap": {"name": placement_config_name(owner.name, pool), "optional": True},
+        },
+        {"name": "runtime-token", "secret": {"secretName": token_secret_name(owner.name)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.engine.shared_memory_size}},
+    ]
+    if spec.model.volume is not None and spec.model.path:
+        volumes.append({"name": "model", **copy.deepcopy(spec.model.volume)})
+        mounts.append({"name": "model", "mountPath": spec.model.path, "readOnly": True})
+
+    env = [
+        _env("PYTHONPATH", RUNTIME_DIR),
+        _env("MOE_ROLE", {"prefill": "prefill", "decode": "decode"}[pool] if spec.prefill else "standalone"),
+        _env("MOE_INSTANCE", L.instance_name(owner.name, pool, placement.index)),
+        _field_env("MOE_RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
+        _env("MOE_NNODES", str(layout.nodes)),
+        _env("MOE_LEADER_ADDRESS", leader_address(owner, pool, placement.index)),
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("POD_NAME", "metadata.name"),
+        _env("MOE_ENGINE_CONFIG", f"{ENGINE_CONFIG_DIR}/engine.json"),
+        *copy.deepcopy(spec.engine.env),
+    ]
+    affinity_terms = [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": list(placement.nodes)},
+    ]
+    if placement.kind != "node":
+        affinity_terms.insert(0, {"key": placement.label, "operator": "In", "values": [placement.domain]})
+
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": service_account_name(owner.name),
+        "terminationGracePeriodSeconds": 120,
+        "enableServiceLinks": False,
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": affinity_terms}]
+                }
+            }
+        },
+        "tolerations": copy.deepcopy(topo.tolerations),
+        "initContainers": [
+            {
+                "name": "install-runtime",
+                "image": settings.runtime_image,
+                "command": ["sh", "-c", f"cp -r /opt/moe-runtime/. {RUNTIME_DIR}-target/"],
+                "volumeMounts": [{"name": "runtime", "mountPath": f"{RUNTIME_DIR}-target"}],
+            }
+        ],
+        "containers": [
+            {
+                "name": "engine",
+                "image": spec.engine.image,
+                "imagePullPolicy": spec.engine.image_pull_policy,
+                "command": ["python3", "-m", "moe_runtime.cli", "launch"],
+                "env": env,
+                "ports": ports,
+                "resources": resources,
+                "volumeMounts": mounts,
+                "securityContext": {"capabilities": {"add": ["IPC_LOCK", "SYS_RESOURCE"]}},
+                "startupProbe": {
+                    "httpGet": {"path": "/healthz", "port": SIDECAR_PORT},
+                    "periodSeconds": 10,
+                    "failureThreshold": startup_periods,
+                },
+                "readinessProbe": {"httpGet": {"path": "/readyz", "port": SIDECAR_PORT}, "periodSeconds": 5},
+                "livenessProbe": {
+                    "httpGet": {"path": "/healthz", "port": SIDECAR_PORT},
+                    "periodSeconds": 10,
+                    "failureThreshold": 6,
+                },
+            }
+        ],
+        "volumes": volumes,
+    }
+    if spec.engine.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in spec.engine.image_pull_secrets]
+    if topo.node_selector:
+        pod_spec["nodeSelector"] = dict(topo.node_selector)
+    if topo.host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    return pod_spec
+
+
+def instance_objects(
+    spec: MoEDeploymentSpec,
+    owner: Owner,
+    pool: Pool,
+    placement: Placement,
+    settings: RuntimeSettings,
+    engine_config_hash: str,
+) -> list[dict[str, Any]]:
+    """The StatefulSet and headless Service of one instance."""
+    name = L.instance_name(owner.name, pool, placement.index)
+    selector = L.instance_selector(owner.name, pool, placement.index)
+    labels = {**L.base_labels(owner.name, pool), **selector, L.DEPLOYMENT_UID: owner.uid}
+    pod_spec = pod_template(spec, owner, pool, placement, settings)
+    # Engine config changes reach pods through a new template hash (a rolling group restart).
+    template_hash = L.content_hash({"pod": pod_spec, "engine": engine_config_hash})
+    nnodes = pool_layout(pools(spec)[pool], spec.topology).nodes
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "annotations": {
+                L.PLACEMENT: json.dumps(
+                    {
+                        "kind": placement.kind,
+                        "label": placement.label,
+                        "domain": placement.domain,
+                        "nodes": list(placement.nodes),
+                    },
+                    sort_keys=True,
+                ),
+                L.TEMPLATE_HASH: template_hash,
+            },
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "replicas": nnodes,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            # The operator rolls groups itself: all ranks of an instance restart together.
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {L.TEMPLATE_HASH: template_hash}},
+                "spec": pod_spec,
+            },
+        },
+    }
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "clusterIP": "None",
+            # Ranks resolve the leader before anyone is Ready.
+            "publishNotReadyAddresses": True,
+            "selector": selector,
+            "ports": [{"name": "dist-init", "port": spec.engine.dist_init_port}],
+        },
+    }
+    return [sts, svc]

@@ -1,0 +1,169 @@
+"""Per-pool and per-deployment objects: engine ConfigMaps, pool Services, PDBs, router, RBAC."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.render import labels as L
+from moe_operator.render.engine import Pool, engine_config, pools
+from moe_operator.render.group import (
+    SIDECAR_PORT,
+    Owner,
+    engine_config_name,
+    leader_address,
+    placement_config_name,
+    service_account_name,
+    token_secret_name,
+)
+
+
+def _meta(
+    owner: Owner, name: str, component: str, extra_labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": {**L.base_labels(owner.name, component), **(extra_labels or {})},
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def engine_config_map(spec: MoEDeploymentSpec, owner: Owner, pool: Pool) -> dict[str, Any]:
+    data = json.dumps(engine_config(spec, pool), indent=2, sort_keys=True)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(owner, engine_config_name(owner.name, pool), pool, {L.POOL: pool}),
+        "data": {"engine.json": data},
+    }
+
+
+def pool_service(spec: MoEDeploymentSpec, owner: Owner, pool: Pool) -> dict[str, Any]:
+    """The pool's leaders (rank 0 serves HTTP for the whole instance)."""
+    ports = [
+        {"name": "http", "port": spec.engine.port, "targetPort": spec.engine.port},
+        {"name": "runtime", "port": SIDECAR_PORT, "targetPort": SIDECAR_PORT},
+    ]
+    if pool == "prefill":
+        bootstrap = spec.kv_transfer.bootstrap_port
+        ports.append({"name": "bootstrap", "port": bootstrap, "targetPort": bootstrap})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(owner, f"{owner.name}-{pool}", pool, {L.POOL: pool}),
+        "spec": {
+            "selector": {**L.pool_selector(owner.name, pool), "apps.kubernetes.io/pod-index": "0"},
+            "ports": ports,
+        },
+    }
+
+
+def pool_disruption_budget(owner: Owner, pool: Pool) -> dict[str, Any]:
+    """At most one engine pod of a pool evicted at a time: one instance restarts, the rest serve."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(owner, f"{owner.name}-{pool}", pool, {L.POOL: pool}),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": L.pool_selector(owner.name, pool)}},
+    }
+
+
+def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]]:
+    """SGLang's router as a Deployment + Service, wired to every instance leader."""
+    r = spec.router
+    port = spec.engine.port
+
+    def urls(pool: Pool) -> list[str]:
+        p = pools(spec)[pool]
+        return [f"http://{leader_address(owner, pool, i)}:{port}" for i in range(p.replicas)]
+
+    args = ["--host", "0.0.0.0", "--port", str(r.port), "--policy", r.policy, "--prometheus-port", "29000"]
+    if spec.prefill is not None:
+        args.append("--pd-disaggregation")
+        for url in urls("prefill"):
+            args += ["--prefill", url, str(spec.kv_transfer.bootstrap_port)]
+        for url in urls("decode"):
+            args += ["--decode", url]
+    else:
+        args += ["--worker-urls", *urls("decode")]
+    args += list(r.extra_args)
+    labels = L.base_labels(owner.name, "router")
+    selector = {L.DEPLOYMENT: owner.name, "app.kubernetes.io/component": "router"}
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": r.image or spec.engine.image,
+        "command": ["python3", "-m", "sglang_router.launch_router", *args],
+        "ports": [{"name": "http", "containerPort": r.port}, {"name": "metrics", "containerPort": 29000}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": r.port}, "periodSeconds": 5},
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": r.port},
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+    }
+    if r.resources:
+        container["resources"] = r.resources
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(owner, f"{owner.name}-router", "router"),
+        "spec": {
+            "replicas": r.replicas,
+            "selector": {"matchLabels": selector},
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(owner, f"{owner.name}-router", "router"),
+        "spec": {"selector": selector, "ports": [{"name": "http", "port": r.port, "targetPort": r.port}]},
+    }
+    return [deployment, service]
+
+
+def runtime_rbac(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]]:
+    """The engine pods' identity: read their own placement ConfigMaps, nothing else."""
+    sa = service_account_name(owner.name)
+    names = [placement_config_name(owner.name, pool) for pool in pools(spec)]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _meta(owner, sa, "runtime"),
+            "automountServiceAccountToken": True,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(owner, sa, "runtime"),
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "resourceNames": names,
+                    "verbs": ["get", "watch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(owner, sa, "runtime"),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": owner.namespace}],
+        },
+    ]
+
+
+def token_secret(owner: Owner, token: str) -> dict[str, Any]:
+    """The bearer token the operator uses for runtime writes (created once, never rendered again)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(owner, token_secret_name(owner.name), "runtime"),
+        "type": "Opaque",
+        "stringData": {"token": token},
+    }

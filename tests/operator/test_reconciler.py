@@ -1,0 +1,270 @@
+"""The reconciler on the sandbox: examples reach Ready in the planned domains, group semantics, waiting."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from moe_operator.sandbox.cluster import Sandbox
+from moe_operator.sandbox.testing import wait_for
+from operator_harness import MOED, OperatorProcess, bind_model_volume
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def example(name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / name).read_text())
+    return obj
+
+
+def moed_path(namespace: str, name: str = "") -> str:
+    return f"{MOED}/namespaces/{namespace}/moedeployments" + (f"/{name}" if name else "")
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conds if c["type"] == type_), {})
+
+
+def wait_ready(api: httpx.Client, namespace: str, name: str, timeout: float = 120) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        obj: dict[str, Any] = api.get(moed_path(namespace, name)).json()
+        return obj if condition(obj, "Ready").get("status") == "True" else None
+
+    try:
+        result: dict[str, Any] = wait_for(ready, timeout, interval=0.5, what=f"{name} Ready")
+    except AssertionError:
+        obj = api.get(moed_path(namespace, name)).json()
+        raise AssertionError(f"{name} not Ready: {json.dumps(obj.get('status'), indent=1)}") from None
+    return result
+
+
+def engine_pods(api: httpx.Client, namespace: str, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = api.get(
+        f"/api/v1/namespaces/{namespace}/pods",
+        params={"labelSelector": f"moe.inference.dev/deployment={name},moe.inference.dev/instance"},
+    ).json()["items"]
+    return items
+
+
+def pods_by_instance(pods: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for p in pods:
+        labels = p["metadata"]["labels"]
+        out.setdefault((labels["moe.inference.dev/pool"], labels["moe.inference.dev/instance"]), []).append(p)
+    return out
+
+
+def node_labels(api: httpx.Client, node: str) -> dict[str, str]:
+    labels: dict[str, str] = api.get(f"/api/v1/nodes/{node}").json()["metadata"]["labels"]
+    return labels
+
+
+@pytest.fixture()
+def deployed(api: httpx.Client, namespace: str, moe_operator: OperatorProcess) -> Iterator[str]:
+    for claim in ("models", "qwen3-30b-a3b"):
+        bind_model_volume(api, namespace, claim)
+    yield namespace
+    for item in api.get(moed_path(namespace)).json()["items"]:
+        api.delete(moed_path(namespace, item["metadata"]["name"]))
+
+
+@pytest.mark.parametrize(
+    ("file", "domain_label"),
+    [
+        ("deepseek-v3-pd-h100.yaml", "topology.kubernetes.io/zone"),
+        ("deepseek-v3-gb200.yaml", "nvidia.com/gpu.clique"),
+        ("qwen3-30b-a3b-single-node.yaml", "kubernetes.io/hostname"),
+    ],
+)
+def test_example_reaches_ready_in_one_domain_per_instance(
+    api: httpx.Client, deployed: str, file: str, domain_label: str
+) -> None:
+    obj = example(file)
+    name = obj["metadata"]["name"]
+    assert api.post(moed_path(deployed), json=obj).status_code == 201
+    status = wait_ready(api, deployed, name)["status"]
+    spec = obj["spec"]
+    pods = engine_pods(api, deployed, name)
+    groups = pods_by_instance(pods)
+    for pool in ("prefill", "decode"):
+        if pool not in spec:
+            continue
+        assert status["pools"][pool]["readyReplicas"] == spec[pool]["replicas"]
+        for i in range(spec[pool]["replicas"]):
+            members = groups[(pool, str(i))]
+            assert len(members) == spec[pool]["nodesPerReplica"]
+            # From the scheduler's bindings and the nodes' labels, not from the plan:
+            nodes = {p["spec"]["nodeName"] for p in members}
+            assert len(nodes) == len(members), "two ranks of one instance on one node"
+            domains = {node_labels(api, n).get(domain_label) for n in nodes}
+            assert len(domains) == 1 and None not in domains, f"{pool}-{i} spans {domains}"
+            gpus = {p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] for p in members}
+            assert gpus == {str(spec["topology"]["gpusPerNode"])}
+    # On H100 both decode instances fit a rack each: they are spread (fault isolation). On the
+    # two GB200 cliques the 18-node decode instance fills one, so both prefill instances share the other.
+    if file == "deepseek-v3-pd-h100.yaml":
+        doms = {
+            node_labels(api, groups[("decode", str(i))][0]["spec"]["nodeName"])[domain_label]
+            for i in range(2)
+        }
+        assert len(doms) == 2
+
+
+def _too_big_spec() -> dict[str, Any]:
+    obj = example("qwen3-30b-a3b-single-node.yaml")
+    obj["metadata"]["name"] = "too-big"
+    # 17 H100 nodes in one rack: the sandbox racks have 16.
+    obj["spec"]["decode"].update({"nodesPerReplica": 17, "attentionDataParallel": 136})
+    obj["spec"]["eplb"] = {"mode": "operator", "redundantExperts": 8}
+    obj["spec"]["topology"]["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    return obj
+
+
+def test_too_big_waits_then_runs_when_nodes_are_added(
+    api: httpx.Client, deployed: str, sandbox: Sandbox
+) -> None:
+    obj = _too_big_spec()
+    resp = api.post(moed_path(deployed), json=obj)
+    assert resp.status_code == 201, resp.text
+
+    def waiting() -> dict[str, Any] | None:
+        got: dict[str, Any] = api.get(moed_path(deployed, "too-big")).json()
+        return got if condition(got, "Ready").get("reason") == "WaitingForCapacity" else None
+
+    got = wait_for(waiting, 60, what="WaitingForCapacity")
+    message = condition(got, "Ready")["message"]
+    assert "decode instance 0 needs 17 nodes with 8 free GPUs in one NVLink domain or rack" in message, (
+        message
+    )
+    assert condition(got, "Degraded")["status"] == "True"
+    # Never half a group: no StatefulSet, no pod.
+    assert not engine_pods(api, deployed, "too-big")
+    events = api.get(f"/api/v1/namespaces/{deployed}/events").json()["items"]
+    assert any(e["reason"] == "WaitingForCapacity" for e in events)
+
+    # Add one H100 node to a rack; the spec is untouched.
+    template = api.get("/api/v1/nodes/h100-031").json()
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "h100-extra",
+            "labels": {**template["metadata"]["labels"], "kubernetes.io/hostname": "h100-extra"},
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+        "spec": {"podCIDR": "127.31.255.0/24"},
+        "status": {
+            "capacity": template["status"]["capacity"],
+            "allocatable": template["status"]["allocatable"],
+        },
+    }
+    with sandbox.client() as c:
+        sandbox.create_node(node, c)
+    try:
+        wait_ready(api, deployed, "too-big")
+        assert len(engine_pods(api, deployed, "too-big")) == 17
+    finally:
+        api.delete(moed_path(deployed, "too-big"))
+        wait_for(lambda: not engine_pods(api, deployed, "too-big"), 180, what="pods gone")
+        api.delete("/api/v1/nodes/h100-extra")
+
+
+def _uids(pods: list[dict[str, Any]]) -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+
+
+def test_group_semantics_kill_pod_and_lose_node(api: httpx.Client, deployed: str) -> None:
+    obj = example("deepseek-v3-gb200.yaml")
+    name = obj["metadata"]["name"]
+    # Two decode instances of 4 nodes (TP 4 inside a node; EP 16) and no prefill: fast to check.
+    obj["spec"].pop("prefill")
+    obj["spec"]["decode"].update({"replicas": 2, "nodesPerReplica": 4, "attentionDataParallel": 16})
+    obj["spec"]["eplb"]["redundantExperts"] = 16
+    assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
+    wait_ready(api, deployed, name)
+    groups = pods_by_instance(engine_pods(api, deployed, name))
+    before_0, before_1 = _uids(groups[("decode", "0")]), _uids(groups[("decode", "1")])
+
+    # Kill one rank of instance 1: every rank of instance 1 restarts, instance 0 is untouched.
+    victim = sorted(before_1)[1]
+    api.delete(f"/api/v1/namespaces/{deployed}/pods/{victim}")
+
+    def restarted() -> bool:
+        now = pods_by_instance(engine_pods(api, deployed, name)).get(("decode", "1"), [])
+        uids = _uids(now)
+        return len(uids) == 4 and not (set(uids.values()) & set(before_1.values()))
+
+    wait_for(restarted, 90, interval=0.5, what="whole instance 1 restarted")
+    wait_ready(api, deployed, name)
+    after = pods_by_instance(engine_pods(api, deployed, name))
+    assert _uids(after[("decode", "0")]) == before_0
+    got = api.get(moed_path(deployed, name)).json()
+    assert got["status"]["pools"]["decode"]["groupRestarts"] >= 1
+    events = api.get(f"/api/v1/namespaces/{deployed}/events").json()["items"]
+    assert any(e["reason"] == "GroupRestarting" and "instance 1" in e["message"] for e in events)
+
+    # Delete a node of instance 0: it moves (other nodes), instance 1 keeps running.
+    node = after[("decode", "0")][0]["spec"]["nodeName"]
+    saved = api.get(f"/api/v1/nodes/{node}").json()
+    before_1 = _uids(after[("decode", "1")])
+    api.delete(f"/api/v1/nodes/{node}")
+    try:
+
+        def moved() -> bool:
+            now = pods_by_instance(engine_pods(api, deployed, name)).get(("decode", "0"), [])
+            return len(now) == 4 and all(
+                p["spec"].get("nodeName") not in (None, node) and p["status"].get("phase") == "Running"
+                for p in now
+            )
+
+        wait_for(moved, 120, interval=0.5, what="instance 0 moved off the lost node")
+        wait_ready(api, deployed, name)
+        assert _uids(pods_by_instance(engine_pods(api, deployed, name))[("decode", "1")]) == before_1
+    finally:
+        saved["metadata"] = {k: saved["metadata"][k] for k in ("name", "labels", "annotations")}
+        api.post("/api/v1/nodes", json=saved)
+
+
+def test_idle_operator_makes_no_writes_and_restart_converges(
+    api: httpx.Client, deployed: str, moe_operator: OperatorProcess
+) -> None:
+    obj = example("qwen3-30b-a3b-single-node.yaml")
+    name = obj["metadata"]["name"]
+    assert api.post(moed_path(deployed), json=obj).status_code == 201
+    wait_ready(api, deployed, name)
+    time.sleep(8)  # let the last status and event writes land
+    idle = float(os.environ.get("MOE_IDLE_SECONDS", "60"))
+    before = moe_operator.writes()
+    time.sleep(idle)
+    after = moe_operator.writes()
+    print(f"\noperator writes while idle for {idle:.0f}s: {after - before:.0f}")
+    assert after - before == 0, moe_operator.tail()
+
+    def children() -> list[tuple[str, str]]:
+        out = []
+        for path in ("/apis/apps/v1/namespaces/{ns}/statefulsets", "/api/v1/namespaces/{ns}/services",
+                     "/api/v1/namespaces/{ns}/configmaps", "/apis/apps/v1/namespaces/{ns}/deployments"):  # fmt: skip
+            items = api.get(
+                path.format(ns=deployed), params={"labelSelector": f"moe.inference.dev/deployment={name}"}
+            )
+            out += [(path, i["metadata"]["uid"]) for i in items.json()["items"]]
+        return sorted(out)
+
+    first = children()
+    pods = _uids(engine_pods(api, deployed, name))
+    moe_operator.restart(sig=9)  # kill -9: no graceful shutdown
+    time.sleep(10)
+    wait_ready(api, deployed, name)
+    assert children() == first, "restart created or replaced children"
+    assert _uids(engine_pods(api, deployed, name)) == pods

@@ -1,0 +1,158 @@
+"""Run the real operator (`moe-operator run`) as a subprocess against the test sandbox."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from moe_operator.api import build_crd
+from moe_operator.sandbox.cluster import Sandbox
+from moe_operator.sandbox.testing import wait_for
+
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+MOED = "/apis/moe.inference.dev/v1alpha1"
+
+
+def install_crd(box: Sandbox) -> None:
+    crd = build_crd()
+    with box.client() as api:
+        resp = api.patch(
+            f"{CRD_PATH}/{crd['metadata']['name']}",
+            params={"fieldManager": "moe-tests", "force": "true"},
+            content=yaml.safe_dump(crd),
+            headers={"Content-Type": "application/apply-patch+yaml"},
+        )
+        assert resp.status_code in (200, 201), resp.text
+
+        def served() -> bool:
+            return api.get(f"{MOED}/moedeployments").status_code == 200
+
+        wait_for(served, 30, what="MoEDeployment CRD served")
+
+
+class OperatorProcess:
+    """One `moe-operator run` process; restartable and killable like a real pod."""
+
+    def __init__(self, box: Sandbox, log_dir: Path, port_base: int = 19000) -> None:
+        self.box = box
+        self.log_path = log_dir / "operator.log"
+        self.metrics_port = port_base + 100
+        self.liveness_port = port_base + 80
+        self.webhook_port = port_base + 443
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": str(self.box.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        self.proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "moe_operator.cli", "run",
+                "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
+                "--metrics-port", str(self.metrics_port),
+                "--webhook-port", str(self.webhook_port),
+                "--runtime-image", "moe-runtime:test",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+        def live() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, self.tail()
+            try:
+                return (
+                    httpx.get(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=1).status_code == 200
+                )
+            except httpx.HTTPError:
+                return False
+
+        wait_for(live, 60, what="operator liveness")
+
+        def webhook_registered() -> bool:
+            with self.box.client() as api:
+                r = api.get(
+                    "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/moe.inference.dev"
+                )
+                return r.status_code == 200
+
+        wait_for(webhook_registered, 60, what="validating webhook registered")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.proc = None
+
+    def restart(self, sig: int = signal.SIGTERM) -> None:
+        self.stop(sig)
+        self.start()
+
+    def api_requests(self) -> dict[str, float]:
+        """The operator's own count of API requests by verb (from its /metrics)."""
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        out: dict[str, float] = {}
+        for m in re.finditer(r'^moe_operator_api_requests_total\{verb="(\w+)"\} ([0-9.e+]+)$', text, re.M):
+            out[m.group(1)] = float(m.group(2))
+        return out
+
+    def writes(self) -> float:
+        return sum(v for verb, v in self.api_requests().items() if verb != "get")
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+def bind_model_volume(api: httpx.Client, namespace: str, claim: str) -> None:
+    """A statically bound PV + PVC, so pods that mount model weights can be scheduled."""
+    pv_name = f"{namespace}-{claim}"
+    pv: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "2Ti"},
+            "accessModes": ["ReadOnlyMany", "ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": "/tmp/moe-models"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    api.post("/api/v1/persistentvolumes", json=pv)
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim},
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Ti"}},
+        },
+    }
+    api.post(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims", json=pvc)
+    wait_for(
+        lambda: (
+            api.get(f"/api/v1/namespaces/{namespace}/persistentvolumeclaims/{claim}")
+            .json()["status"]
+            .get("phase")
+            == "Bound"
+        ),
+        30,
+        what=f"PVC {claim} bound",
+    )
