@@ -41,7 +41,9 @@ def install_crd(box: Sandbox) -> None:
 class OperatorProcess:
     """One `moe-operator run` process; restartable and killable like a real pod."""
 
-    def __init__(self, box: Sandbox, log_dir: Path, port_base: int = 19000) -> None:
+    def __init__(self, box: Sandbox, log_dir: Path, port_base: int | None = None) -> None:
+        if port_base is None:
+            port_base = int(os.environ.get("MOE_TEST_OPERATOR_PORT_BASE", "19000"))
         self.box = box
         self.log_path = log_dir / "operator.log"
         self.metrics_port = port_base + 100
