@@ -58,8 +58,8 @@ def _plan(args: argparse.Namespace) -> int:
     raw_spec = doc.get("spec", doc)
     problems = validate(raw_spec, None)
     if problems:
-        for p in problems:
-            print(f"{p.field}: {p.message}", file=sys.stderr)
+        for problem in problems:
+            print(f"{problem.field}: {problem.message}", file=sys.stderr)
         return 1
     spec = MoEDeploymentSpec.model_validate(raw_spec)
     nodes = [node_from_object(o) for o in _load_nodes(args.nodes)]
