@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from moe_operator.handlers import admission, indexes, reconcile  # noqa: F401  (registers handlers)
+    from moe_operator.handlers import admission, control_loop, indexes, reconcile  # noqa: F401  (registers handlers)
     from moe_operator.handlers import runtime as rt
     from moe_operator.handlers.kube import Kube
     from moe_operator.render.group import RuntimeSettings

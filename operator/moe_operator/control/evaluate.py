@@ -1,0 +1,100 @@
+"""One evaluation of a pool: history -> plan -> scores -> decision. Pure; the shell does the I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from moe_operator.control import aggregate, score
+from moe_operator.control.decide import Decision, Inputs, Mode, decide
+from moe_operator.control.placement import problems
+from moe_operator.control.windows import Window
+from moe_operator.eplb import plan
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """What the planner needs to know of a pool (its EP world and the model)."""
+
+    num_layers: int  # num_hidden_layers, dense layers included (the windows' rows)
+    num_experts: int
+    num_redundant: int
+    num_gpus: int  # EP size
+    num_nodes: int
+    num_groups: int
+    dispatch: str
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_experts + self.num_redundant
+
+
+@dataclass(frozen=True)
+class Policy:
+    mode: Mode
+    min_improvement: float
+    max_moves: int
+    min_interval_s: float
+    bucket_s: float
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    decision: Decision
+    candidate: np.ndarray | None  # the planned map (None when planning failed)
+    measured: float
+    predicted: float
+    moved: int
+    instances: list[str]
+    window_range: tuple[int, int]
+
+
+def evaluate(
+    windows: Sequence[Window],
+    current: np.ndarray,
+    shape: PoolShape,
+    policy: Policy,
+    since_last_publish_s: float | None,
+    fresh_after: float,
+) -> Evaluation:
+    """Plan against ``current`` and decide. Raises ValueError on bad input (the shell reports it).
+
+    The current placement is scored on each instance's newest window ending after
+    ``fresh_after`` (a runtime that went quiet does not vote); the plan uses all history.
+    """
+    fresh = [w for w in windows if w.ended_at >= fresh_after]
+    if not fresh:
+        raise ValueError("no fresh load windows from any instance")
+    recent, instances, window_range = aggregate.latest(fresh)
+    measured = score.measured(current, recent, shape.num_gpus, shape.num_nodes, shape.dispatch)
+    history = aggregate.time_buckets(windows, policy.bucket_s)
+    result = plan(
+        history,
+        num_gpus=shape.num_gpus,
+        num_nodes=shape.num_nodes,
+        num_redundant=shape.num_redundant,
+        num_groups=shape.num_groups,
+        current=current,
+        dispatch=shape.dispatch,
+        max_moves=policy.max_moves or None,
+    )
+    candidate = result.physical_to_logical_map
+    bad = problems(candidate, shape.num_layers, shape.num_experts, shape.num_slots, shape.num_gpus)
+    if bad:
+        raise ValueError("the planner's map is unsafe, not published: " + "; ".join(bad[:3]))
+    predicted = score.mean_over_moe(result.predicted_balancedness, recent)
+    decision = decide(
+        Inputs(
+            mode=policy.mode,
+            measured=measured,
+            predicted=predicted,
+            moved=result.moved_slots,
+            min_improvement=policy.min_improvement,
+            max_moves=policy.max_moves,
+            min_interval_s=policy.min_interval_s,
+            since_last_publish_s=since_last_publish_s,
+        )
+    )
+    return Evaluation(decision, candidate, measured, predicted, result.moved_slots, instances, window_range)
