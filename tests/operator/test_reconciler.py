@@ -180,6 +180,11 @@ def test_too_big_waits_then_runs_when_nodes_are_added(
         api.delete("/api/v1/nodes/h100-extra")
 
 
+def pod_ready(pod: dict[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
 def _uids(pods: list[dict[str, Any]]) -> dict[str, str]:
     return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
 
@@ -268,3 +273,43 @@ def test_idle_operator_makes_no_writes_and_restart_converges(
     wait_ready(api, deployed, name)
     assert children() == first, "restart created or replaced children"
     assert _uids(engine_pods(api, deployed, name)) == pods
+
+
+def test_spec_change_rolls_one_instance_at_a_time(api: httpx.Client, deployed: str) -> None:
+    obj = example("deepseek-v3-gb200.yaml")
+    obj["metadata"]["name"] = "rolling"
+    obj["spec"].pop("prefill")
+    obj["spec"]["decode"].update({"replicas": 2, "nodesPerReplica": 2, "attentionDataParallel": 8})
+    obj["spec"]["eplb"]["redundantExperts"] = 8
+    assert api.post(moed_path(deployed), json=obj).status_code == 201
+    wait_ready(api, deployed, "rolling")
+    before = _uids(engine_pods(api, deployed, "rolling"))
+
+    patch = {"spec": {"engine": {"extraArgs": ["--trust-remote-code", "--cuda-graph-max-bs", "64"]}}}
+    resp = api.patch(
+        moed_path(deployed, "rolling"), json=patch, headers={"Content-Type": "application/merge-patch+json"}
+    )
+    assert resp.status_code == 200, resp.text
+    min_ready, deadline = 2, time.monotonic() + 120
+    while time.monotonic() < deadline:
+        got = api.get(moed_path(deployed, "rolling")).json()
+        pods = engine_pods(api, deployed, "rolling")
+        groups = pods_by_instance(pods)
+        serving = sum(
+            1
+            for i in ("0", "1")
+            if len(groups.get(("decode", i), [])) == 2 and all(pod_ready(p) for p in groups[("decode", i)])
+        )
+        min_ready = min(min_ready, serving)
+        uids = _uids(pods)
+        if (
+            len(uids) == 4
+            and not set(uids.values()) & set(before.values())
+            and condition(got, "Ready")["status"] == "True"
+        ):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the roll did not finish in 120s")
+    assert min_ready >= 1, "both instances were down at once during the roll"
+    assert got["status"]["pools"]["decode"]["updatedReplicas"] == 2
