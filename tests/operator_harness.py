@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ from moe_operator.sandbox.cluster import Sandbox
 from moe_operator.sandbox.testing import wait_for
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+OPERATOR_USER = "moe-operator"
 MOED = "/apis/moe.inference.dev/v1alpha1"
 
 
@@ -52,7 +54,9 @@ class OperatorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": str(self.box.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        # Its own user, so the API server's audit log attributes every write (kopf's too) to it.
+        kubeconfig = self.box.user_kubeconfig(OPERATOR_USER)
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         self.proc = subprocess.Popen(
             [
@@ -110,7 +114,18 @@ class OperatorProcess:
         return out
 
     def writes(self) -> float:
+        """Writes counted by the operator's own client (kopf's own patches and events not included)."""
         return sum(v for verb, v in self.api_requests().items() if verb != "get")
+
+    def audited_writes(self) -> list[dict[str, Any]]:
+        """Every write the API server served to the operator's user so far, from its audit log."""
+        events = []
+        with open(self.box.audit_log) as log:
+            for line in log:
+                event = json.loads(line)
+                if event.get("stage") == "ResponseComplete" and event["user"]["username"] == OPERATOR_USER:
+                    events.append(event)
+        return events
 
     def tail(self, lines: int = 40) -> str:
         try:

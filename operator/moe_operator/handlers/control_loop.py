@@ -41,7 +41,12 @@ SIDECAR_PORT = 9400
 HTTP_TIMEOUT_S = 3.0
 LABELS = ["namespace", "deployment", "pool"]
 
-REBALANCES = Counter("moe_operator_placement_rebalances_total", "Placements published", LABELS)
+REBALANCES = Counter("moe_operator_rebalances_total", "Placements published", LABELS)
+FAILURES = Counter(
+    "moe_operator_rebalance_failures_total",
+    "Evaluations that could not produce or deliver a placement (no windows, planner or API error, refused push)",
+    [*LABELS, "reason"],
+)
 SKIPS = Counter(
     "moe_operator_placement_skips_total", "Evaluations that published nothing", [*LABELS, "reason"]
 )
@@ -223,6 +228,7 @@ def evaluate_pool(
     except (ValueError, IndexError) as exc:
         reason = "no_windows" if "no fresh" in str(exc) else "planner_error"
         SKIPS.labels(*labels, reason).inc()
+        FAILURES.labels(*labels, reason).inc()
         out["message"] = f"no new placement: {exc}{note}"[:1024]
         DURATION.labels(*labels).observe(time.perf_counter() - started)
         return out
@@ -253,6 +259,7 @@ def evaluate_pool(
             _push({**state.doc, "generatedAt": _iso(now)}, leaders, token, labels) if token else ["no token"]
         )
         if refused:
+            FAILURES.labels(*labels, "push_refused").inc()
             message += f"; push refused: {', '.join(refused)}"
     out["message"] = (message + note)[:1024]
     DURATION.labels(*labels).observe(time.perf_counter() - started)
@@ -291,6 +298,7 @@ def control_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwa
             fields = evaluate_pool(body, spec, pool, pods, logger)
         except (KubeError, httpx.HTTPError) as exc:
             SKIPS.labels(key[0] or "", key[1], pool, "api_error").inc()
+            FAILURES.labels(key[0] or "", key[1], pool, "api_error").inc()
             fields = {"message": f"no new placement: {exc}"[:1024]}
         if fields and _changed(dict(current.get(pool) or {}), fields):
             if "message" in fields and fields["message"] != (current.get(pool) or {}).get("message"):

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.conditions import set_condition
 from moe_operator.handlers import runtime as rt
+from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.observe import (
     compute_status,
     group_states,
@@ -29,6 +30,7 @@ from moe_operator.handlers.observe import (
     status_changed,
     topology_policy,
 )
+from moe_operator.handlers.status_metrics import export_status
 from moe_operator.lifecycle import GroupState, decide, formed, pool_may_roll, restarts_after
 from moe_operator.render import labels as L
 from moe_operator.render.children import render_children
@@ -60,6 +62,24 @@ def reconcile(
     logger: logging.Logger | kopf.Logger,
     indexes: dict[str, Any],
 ) -> None:
+    """Reconcile one MoEDeployment; a namespace being deleted ends it quietly (nothing to retry)."""
+    if body.metadata.get("deletionTimestamp"):
+        return  # garbage collection removes the children
+    try:
+        _reconcile(body, patch, logger, indexes)
+    except KubeError as exc:
+        if exc.status in (403, 404) and "namespace" in str(exc):
+            logger.debug(f"namespace going away, skipping: {exc}")
+            return
+        raise
+
+
+def _reconcile(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    logger: logging.Logger | kopf.Logger,
+    indexes: dict[str, Any],
+) -> None:
     name, namespace = str(body.metadata.name), str(body.metadata.namespace or "")
     uid = body.metadata.uid
     generation = int(body.metadata.get("generation") or 0)
@@ -81,6 +101,7 @@ def reconcile(
             for type_, status in invalid:
                 conditions = set_condition(conditions, type_, status, "InvalidSpec", message, generation, now)
             invalid_status = {"observedGeneration": generation, "conditions": conditions}
+            export_status(namespace, name, invalid_status)
             if status_changed(current_status, invalid_status):
                 kopf.warn(body, reason="InvalidSpec", message=message)
                 patch.status.update(invalid_status)
@@ -174,6 +195,7 @@ def reconcile(
             router["status"] if router else None,
             now,
         )
+        export_status(namespace, name, desired_status)
         if status_changed(current_status, desired_status):
             old_ready: dict[str, Any] = next(
                 (c for c in current_status.get("conditions") or [] if c["type"] == "Ready"), {}

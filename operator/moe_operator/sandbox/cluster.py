@@ -113,7 +113,23 @@ class Sandbox:
         ctx.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
         return httpx.Client(base_url=self.server, verify=ctx, timeout=timeout)
 
-    def _write_kubeconfig(self) -> None:
+    @property
+    def audit_log(self) -> Path:
+        """Every write request the API server served, one JSON event per line (user, verb, URI)."""
+        return self.dir / "logs" / "audit.log"
+
+    def user_kubeconfig(self, user: str) -> Path:
+        """A kubeconfig for a named admin user, e.g. the operator, so its writes show in the audit log."""
+        from moe_operator.sandbox.pki import issue_client_cert
+
+        crt, key = issue_client_cert(self.pki, f"user-{user}", user)
+        path = self.dir / f"kubeconfig-{user}"
+        self._write_kubeconfig(path, crt, key, user)
+        return path
+
+    def _write_kubeconfig(
+        self, path: Path | None = None, cert: Path | None = None, key: Path | None = None, user: str = "admin"
+    ) -> None:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -125,10 +141,10 @@ class Sandbox:
             ],
             "users": [
                 {
-                    "name": "moe-sandbox-admin",
+                    "name": f"moe-sandbox-{user}",
                     "user": {
-                        "client-certificate": str(self.pki.admin_cert),
-                        "client-key": str(self.pki.admin_key),
+                        "client-certificate": str(cert or self.pki.admin_cert),
+                        "client-key": str(key or self.pki.admin_key),
                     },
                 }
             ],
@@ -137,14 +153,14 @@ class Sandbox:
                     "name": "moe-sandbox",
                     "context": {
                         "cluster": "moe-sandbox",
-                        "user": "moe-sandbox-admin",
+                        "user": f"moe-sandbox-{user}",
                         "namespace": "default",
                     },
                 }
             ],
             "current-context": "moe-sandbox",
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+        (path or self.kubeconfig).write_text(yaml.safe_dump(config, sort_keys=False))
 
     # ---- processes ---------------------------------------------------------------------------
     def pid(self, name: str) -> int | None:
@@ -267,6 +283,8 @@ class Sandbox:
                 f"--service-account-signing-key-file={self.pki.sa_key}",
                 "--service-cluster-ip-range=10.96.0.0/16", "--authorization-mode=Node,RBAC",
                 "--allow-privileged=true", "--profiling=false",
+                f"--audit-policy-file={self._write_audit_policy()}", f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json", "--audit-log-maxsize=100", "--audit-log-maxbackup=1",
             ],
         )  # fmt: skip
         self._wait("kube-apiserver", self._apiserver_ready, 90)
@@ -310,6 +328,21 @@ class Sandbox:
         self._wait("kwok", lambda: _port_open(p.kwok), 30)
         # Pods cannot be admitted before the controller-manager has made the default ServiceAccount.
         self._wait("kube-controller-manager", self._default_service_account_exists, 60)
+
+    def _write_audit_policy(self) -> Path:
+        """Audit writes only (metadata level), so tests can count what a client changed."""
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {"level": "Metadata", "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+                {"level": "None"},
+            ],
+        }
+        path = self.dir / "audit-policy.yaml"
+        path.write_text(yaml.safe_dump(policy))
+        return path
 
     def _write_kwok_config(self) -> Path:
         """kwok's upstream stages with shorter delays: simulated pods start in about a second."""

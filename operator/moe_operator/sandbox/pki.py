@@ -107,6 +107,23 @@ def ensure_pki(directory: Path) -> Pki:
     return pki
 
 
+def issue_client_cert(
+    pki: Pki, name: str, user: str, groups: tuple[str, ...] = ("system:masters",)
+) -> tuple[Path, Path]:
+    """A client cert for a named user (so the API server's audit log can tell clients apart)."""
+    crt, key = pki.dir / f"{name}.crt", pki.dir / f"{name}.key"
+    if not (crt.exists() and key.exists()):
+        subject = "".join(f"/O={g}" for g in groups) + f"/CN={user}"
+        _issue(
+            pki,
+            name,
+            subject,
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+            "extendedKeyUsage=clientAuth\n",
+        )
+    return crt, key
+
+
 def issue_serving_cert(pki: Pki, name: str, hosts: list[str]) -> tuple[Path, Path]:
     """A serving cert signed by the sandbox CA (used for the operator's admission webhook)."""
     sans = ",".join(f"IP:{h}" if h.replace(".", "").isdigit() else f"DNS:{h}" for h in hosts)
