@@ -47,14 +47,19 @@ def topology_policy(spec: MoEDeploymentSpec) -> TopologyPolicy:
 
 
 def node_snapshot(
-    nodes: Iterable[Mapping[str, Any]], gpu_use: Mapping[str, Iterable[tuple[str, int]]], own_uid: str
+    nodes: Iterable[Mapping[str, Any]],
+    gpu_use: Mapping[str, Iterable[tuple[str, int]]],
+    own_uid: str,
+    claims: Mapping[str, int] | None = None,
 ) -> list[NodeInfo]:
-    """Nodes with the GPUs that pods of other owners hold (this deployment's own pods don't count)."""
+    """Nodes with the GPUs other owners hold: bound pods, or GPUs other deployments' plans
+    claimed on the node before their pods exist (whichever is larger), so two deployments
+    planned in the same burst do not pick the same nodes."""
     out = []
     for node in nodes:
         name = node["metadata"]["name"]
         used = sum(g for uid, g in gpu_use.get(name, ()) if uid != own_uid)
-        out.append(node_from_object(node, used))
+        out.append(node_from_object(node, max(used, (claims or {}).get(name, 0))))
     return out
 
 

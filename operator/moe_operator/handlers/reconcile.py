@@ -45,6 +45,28 @@ RECONCILE_INTERVAL_S = 5.0
 LIFECYCLE_MANAGER = "moe-operator-groups"
 
 _locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+# (namespace, kind, name) -> (spec hash, 30 s epoch) of the last apply: bridges the watch lag
+# so a burst of reconciles does not re-apply objects the index has not seen yet.
+_recently_applied: dict[tuple[str, str, str], tuple[str, int]] = {}
+APPLY_GRACE_S = 30
+
+
+# deployment uid -> {node: GPUs} its current plan holds; one operator process plans all
+# deployments, so this is exact for plans whose pods the watch has not delivered yet.
+_claims: dict[str, dict[str, int]] = {}
+
+
+def _claims_of_others(uid: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for owner, nodes in list(_claims.items()):
+        if owner != uid:
+            for node, gpus in nodes.items():
+                out[node] = out.get(node, 0) + gpus
+    return out
+
+
+def _applied_epoch(now: datetime) -> int:
+    return int(now.timestamp() // APPLY_GRACE_S)
 
 
 def _children(indexes: dict[str, Any], key: tuple[str, str]) -> list[dict[str, Any]]:
@@ -64,6 +86,7 @@ def reconcile(
 ) -> None:
     """Reconcile one MoEDeployment; a namespace being deleted ends it quietly (nothing to retry)."""
     if body.metadata.get("deletionTimestamp"):
+        _claims.pop(str(body.metadata.uid), None)
         return  # garbage collection removes the children
     try:
         _reconcile(body, patch, logger, indexes)
@@ -115,6 +138,7 @@ def _reconcile(
             [v for vals in indexes["node_index"].values() for v in vals],
             {node: list(vals) for node, vals in indexes["gpu_use_index"].items()},
             uid,
+            _claims_of_others(uid),
         )
         from moe_operator.handlers.observe import previous_placements
 
@@ -127,13 +151,19 @@ def _reconcile(
         if not any(c["kind"] == "Secret" and c["name"] == f"{name}-runtime-token" for c in children):
             kube.create(token_secret(owner, secrets.token_urlsafe(32)))
 
+        _claims[uid] = {n: spec.topology.gpus_per_node for p in plan.placements for n in p.nodes}
         desired = render_children(spec, owner, plan, rt.settings())
         observed = {(c["kind"], c["name"]): c for c in children}
         for obj in desired:
-            have = observed.get((obj["kind"], obj["metadata"]["name"]))
-            if have is not None and have["specHash"] == obj["metadata"]["annotations"][L.SPEC_HASH]:
+            child_key = (obj["kind"], obj["metadata"]["name"])
+            want = obj["metadata"]["annotations"][L.SPEC_HASH]
+            have = observed.get(child_key)
+            if have is not None and have["specHash"] == want:
                 continue
+            if have is None and _recently_applied.get((namespace, *child_key)) == (want, _applied_epoch(now)):
+                continue  # applied moments ago; the watch has not delivered it to the index yet
             kube.apply(obj)
+            _recently_applied[(namespace, *child_key)] = (want, _applied_epoch(now))
             logger.info(f"applied {obj['kind']} {obj['metadata']['name']}")
         wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
         for (kind, child), c in observed.items():
@@ -244,3 +274,10 @@ def on_change(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs:
 def on_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
     """Level-based catch-up: capacity appeared, a pod failed, a group became ready."""
     reconcile(body, patch, logger, _indexes(kwargs))
+
+
+@kopf.on.event(GROUP, RESOURCE)
+def on_event(event: kopf.RawEvent, **_: Any) -> None:
+    """A deleted deployment's planned nodes are free again (no finalizer needed for that)."""
+    if event.get("type") == "DELETED":
+        _claims.pop(str(event["object"]["metadata"].get("uid")), None)
