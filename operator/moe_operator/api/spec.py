@@ -357,9 +357,9 @@ class TopologySpec(APIObject):
     group_backend: Literal["auto", "StatefulSet", "LeaderWorkerSet"] = Field(
         default="auto",
         description="What runs one multi-node engine instance: StatefulSet (one per group, with a "
-        "headless Service; no extra controller) or LeaderWorkerSet (needs the LWS CRD). auto picks "
-        "LeaderWorkerSet when its CRD is installed, else StatefulSet. Either way a failed rank "
-        "restarts its whole group.",
+        "headless Service; no extra controller). auto means StatefulSet in this version; "
+        "LeaderWorkerSet is reserved and refused at admission until the operator implements it. "
+        "Either way a failed rank restarts its whole group.",
     )
     host_network: bool = Field(
         default=False,
