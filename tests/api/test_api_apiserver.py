@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from moe_operator.api import build_crd
-from moe_operator.sandbox.testing import wait_for
+from operator_harness import install_crd
 
 from .invalid_specs import BASE_SPEC, INVALID_SPECS, METADATA_CASES, InvalidSpec, build
 
@@ -27,27 +27,7 @@ def crd_installed(sandbox: Any) -> Iterator[None]:
     """Install the committed CRD (the one users apply), wait until it is served."""
     crd = yaml.safe_load((REPO / "crds" / "moedeployments.moe.inference.dev.yaml").read_text())
     assert crd == build_crd(), "committed CRD differs from the generated one: run moe-operator crds generate"
-    with sandbox.client() as api:
-        resp = api.patch(
-            f"{CRD_PATH}/{crd['metadata']['name']}",
-            params={"fieldManager": "moe-tests", "force": "true"},
-            content=yaml.safe_dump(crd),
-            headers={"Content-Type": "application/apply-patch+yaml"},
-        )
-        assert resp.status_code in (200, 201), resp.text
-
-        def established() -> bool:
-            conds = (api.get(f"{CRD_PATH}/{crd['metadata']['name']}").json().get("status") or {}).get(
-                "conditions"
-            )
-            return any(c["type"] == "Established" and c["status"] == "True" for c in conds or [])
-
-        wait_for(established, 30, what="CRD established")
-        wait_for(
-            lambda: api.get("/apis/moe.inference.dev/v1alpha1/moedeployments").status_code == 200,
-            30,
-            what="served",
-        )
+    install_crd(sandbox)
     yield
 
 

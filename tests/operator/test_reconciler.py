@@ -246,8 +246,18 @@ def test_idle_operator_makes_no_writes_and_restart_converges(
 ) -> None:
     obj = example("qwen3-30b-a3b-single-node.yaml")
     name = obj["metadata"]["name"]
+    # A short refresh so the control loop is in its steady state too (no runtime answers here:
+    # its first evaluation records that once, later ones change nothing and write nothing).
+    obj["spec"]["eplb"].update({"refreshInterval": "10s", "minInterval": "10s", "history": "2m"})
     assert api.post(moed_path(deployed), json=obj).status_code == 201
     wait_ready(api, deployed, name)
+    wait_for(
+        lambda: ((api.get(moed_path(deployed, name)).json().get("status") or {}).get("placement") or {}).get(
+            "decode"
+        ),
+        60,
+        what="first control-loop evaluation",
+    )
     # The series the alert rules (policies/prometheus) are written against.
     metrics = httpx.get(f"http://127.0.0.1:{moe_operator.metrics_port}/metrics", timeout=5).text
     labels = f'deployment="{name}",namespace="{deployed}",pool="decode"'
