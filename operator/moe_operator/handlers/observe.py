@@ -13,7 +13,7 @@ from moe_operator.api.derived import pool_layout
 from moe_operator.lifecycle import GroupState, PodState, is_ready, is_updated
 from moe_operator.render import labels as L
 from moe_operator.render.engine import pools
-from moe_operator.topology.planner import Placement, PoolRequest, TopologyPlan, TopologyPolicy
+from moe_operator.topology.planner import Placement, TopologyPlan
 from moe_operator.topology.snapshot import NodeInfo, node_from_object
 
 
@@ -21,29 +21,6 @@ def parse_time(value: str | None) -> datetime:
     if not value:
         return datetime.now(UTC)
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def pool_requests(spec: MoEDeploymentSpec) -> list[PoolRequest]:
-    out = []
-    for pool, p in pools(spec).items():
-        layout = pool_layout(p, spec.topology)
-        out.append(
-            PoolRequest(
-                pool=pool,
-                replicas=p.replicas,
-                nodes_per_instance=layout.nodes,
-                gpus_per_node=layout.gpus_per_node,
-                tp_size=layout.attention_tp,
-            )
-        )
-    return out
-
-
-def topology_policy(spec: MoEDeploymentSpec) -> TopologyPolicy:
-    t = spec.topology
-    return TopologyPolicy(
-        nvlink_label=t.nvlink_domain_label, rack_label=t.rack_label, node_selector=dict(t.node_selector)
-    )
 
 
 def node_snapshot(

@@ -26,9 +26,8 @@ from moe_operator.handlers.observe import (
     compute_status,
     group_states,
     node_snapshot,
-    pool_requests,
+    previous_placements,
     status_changed,
-    topology_policy,
 )
 from moe_operator.handlers.status_metrics import export_status
 from moe_operator.lifecycle import GroupState, decide, formed, pool_may_roll, restarts_after
@@ -37,6 +36,7 @@ from moe_operator.render.children import render_children
 from moe_operator.render.group import Owner
 from moe_operator.render.shared import token_secret
 from moe_operator.topology.planner import plan_topology
+from moe_operator.topology.requests import pool_requests, topology_policy
 from moe_operator.validation import validate
 
 GROUP = "moe.inference.dev"
@@ -140,8 +140,6 @@ def _reconcile(
             uid,
             _claims_of_others(uid),
         )
-        from moe_operator.handlers.observe import previous_placements
-
         plan = plan_topology(
             pool_requests(spec), nodes, topology_policy(spec), previous_placements(statefulsets, name)
         )

@@ -49,8 +49,8 @@ def _load_nodes(path: Path | None) -> list[dict[str, Any]]:
 
 def _plan(args: argparse.Namespace) -> int:
     from moe_operator.api import MoEDeploymentSpec
-    from moe_operator.handlers.observe import pool_requests, topology_policy
     from moe_operator.topology.planner import plan_topology
+    from moe_operator.topology.requests import pool_requests, topology_policy
     from moe_operator.topology.snapshot import node_from_object
     from moe_operator.validation import validate
 
