@@ -2,7 +2,8 @@
 
 Runs its own sandbox (236 simulated GPU nodes: 200 H100 in racks of 20, plus 2 GB200 NVL72
 cliques) and the real operator as a subprocess, and prints per round: p50/p99 seconds from
-create to all children, and to Ready; API requests the operator sent per deployment while
+create to the last of its children (every object the operator renders, seen through watches so
+measuring adds no polling load), and to Ready; API requests the operator sent per deployment while
 creating (and while idle); the operator's resident memory. Usage:
 
     .venv/bin/python benchmarks/reconcile_bench.py [--rounds 1,10,50]
@@ -11,11 +12,13 @@ creating (and while idle); the operator's resident memory. Usage:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -65,11 +68,74 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def run_round(api: httpx.Client, n: int, metrics_port: int, pid: int) -> dict[str, float]:
+# Every kind of child the operator renders; watched (not polled) so measuring adds no load.
+CHILD_COLLECTIONS = (
+    "/api/v1/namespaces/{ns}/configmaps",
+    "/api/v1/namespaces/{ns}/services",
+    "/api/v1/namespaces/{ns}/secrets",
+    "/api/v1/namespaces/{ns}/serviceaccounts",
+    "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    "/apis/apps/v1/namespaces/{ns}/deployments",
+    "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+    "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+)
+
+
+class Watcher(threading.Thread):
+    """Records when each object of one collection is first seen (children) or turns Ready."""
+
+    def __init__(
+        self, box: Sandbox, path: str, seen: dict[tuple[str, str], float], ready: dict[str, float]
+    ) -> None:
+        super().__init__(daemon=True)
+        self.box, self.path, self.seen, self.ready = box, path, seen, ready
+        self.stop = threading.Event()
+        self.started_watch = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.watch()
+        except httpx.HTTPError:
+            if not self.stop.is_set():
+                raise
+
+    def watch(self) -> None:
+        with self.box.client(timeout=None) as api:  # type: ignore[arg-type]
+            rv = api.get(self.path).json()["metadata"]["resourceVersion"]
+            params = {"watch": "1", "resourceVersion": rv, "allowWatchBookmarks": "false"}
+            with api.stream("GET", self.path, params=params) as resp:
+                self.started_watch.set()
+                for line in resp.iter_lines():
+                    if self.stop.is_set():
+                        return
+                    if line:
+                        self.record(json.loads(line)["object"], time.monotonic())
+
+    def record(self, obj: dict[str, Any], now: float) -> None:
+        meta = obj["metadata"]
+        if obj.get("kind") == "MoEDeployment":
+            conds = (obj.get("status") or {}).get("conditions") or []
+            if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
+                self.ready.setdefault(meta["name"], now)
+            return
+        owner = (meta.get("labels") or {}).get("moe.inference.dev/deployment")
+        if owner:
+            self.seen.setdefault((owner, f"{obj.get('kind')}/{meta['name']}"), now)
+
+
+def run_round(box: Sandbox, api: httpx.Client, n: int, metrics_port: int, pid: int) -> dict[str, float]:
     ns = f"bench-{n}"
     api.post("/api/v1/namespaces", json={"metadata": {"name": ns}})
     while api.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code != 200:
         time.sleep(0.1)
+    seen: dict[tuple[str, str], float] = {}
+    ready: dict[str, float] = {}
+    watchers = [Watcher(box, p.format(ns=ns), seen, ready) for p in CHILD_COLLECTIONS]
+    watchers.append(Watcher(box, f"{MOED}/namespaces/{ns}/moedeployments", seen, ready))
+    for w in watchers:
+        w.start()
+        w.started_watch.wait(30)
     before = operator_requests(metrics_port)
     created: dict[str, float] = {}
     for i in range(n):
@@ -77,30 +143,30 @@ def run_round(api: httpx.Client, n: int, metrics_port: int, pid: int) -> dict[st
         resp = api.post(f"{MOED}/namespaces/{ns}/moedeployments", json=spec(name))
         resp.raise_for_status()
         created[name] = time.monotonic()
-    children: dict[str, float] = {}
-    ready: dict[str, float] = {}
     deadline = time.monotonic() + 300
     while len(ready) < n and time.monotonic() < deadline:
-        now = time.monotonic()
-        for sts in api.get(f"/apis/apps/v1/namespaces/{ns}/statefulsets").json()["items"]:
-            owner = sts["metadata"]["labels"]["moe.inference.dev/deployment"]
-            children.setdefault(owner, now)
-        for obj in api.get(f"{MOED}/namespaces/{ns}/moedeployments").json()["items"]:
-            conds = (obj.get("status") or {}).get("conditions") or []
-            if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
-                ready.setdefault(obj["metadata"]["name"], now)
-        time.sleep(0.05)
+        time.sleep(0.2)
     create_requests = operator_requests(metrics_port) - before
     time.sleep(15)
     idle_before = operator_requests(metrics_port)
     time.sleep(30)
     idle_requests = operator_requests(metrics_port) - idle_before
     memory = rss_mb(pid)
-    to_children = [children[k] - created[k] for k in children]
+    for w in watchers:
+        w.stop.set()
+    # Children of a deployment are all created when the last of them (as counted once it is
+    # Ready, when the operator has applied everything) was first seen.
+    last_child: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for (owner, _), t in seen.items():
+        last_child[owner] = max(last_child.get(owner, 0.0), t)
+        counts[owner] = counts.get(owner, 0) + 1
+    to_children = [last_child[k] - created[k] for k in last_child]
     to_ready = [ready[k] - created[k] for k in ready]
     api.delete(f"/api/v1/namespaces/{ns}")
     return {
         "n": n,
+        "children": statistics.median(counts.values()),
         "children_p50": statistics.median(to_children),
         "children_p99": pct(to_children, 0.99),
         "ready_p50": statistics.median(to_ready) if to_ready else float("nan"),
@@ -159,12 +225,12 @@ def main() -> int:
             print(
                 f"\nreconciler benchmark: {nodes} simulated GPU nodes, single-node Qwen3-30B-A3B deployments"
             )
-            print(f"{'N':>4} {'children p50':>13} {'p99':>7} {'Ready p50':>10} {'p99':>7} {'ready':>6} "
+            print(f"{'N':>4} {'objects':>8} {'children p50':>13} {'p99':>7} {'Ready p50':>10} {'p99':>7} {'ready':>6} "
                   f"{'req/deploy':>11} {'idle req/30s':>13} {'RSS MB':>7}")  # fmt: skip
             for n in rounds:
-                r = run_round(api, n, metrics_port, proc.pid)
+                r = run_round(box, api, n, metrics_port, proc.pid)
                 print(
-                    f"{n:>4} {r['children_p50']:>12.2f}s {r['children_p99']:>6.2f}s {r['ready_p50']:>9.2f}s "
+                    f"{n:>4} {r['children']:>8.0f} {r['children_p50']:>12.2f}s {r['children_p99']:>6.2f}s {r['ready_p50']:>9.2f}s "
                     f"{r['ready_p99']:>6.2f}s {int(r['ready']):>6} {r['requests_per_deployment']:>11.1f} "
                     f"{r['idle_requests']:>13.0f} {r['rss_mb']:>7.1f}",
                     flush=True,

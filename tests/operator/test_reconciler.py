@@ -337,3 +337,64 @@ def test_spec_change_rolls_one_instance_at_a_time(api: httpx.Client, deployed: s
         raise AssertionError("the roll did not finish in 120s")
     assert min_ready >= 1, "both instances were down at once during the roll"
     assert got["status"]["pools"]["decode"]["updatedReplicas"] == 2
+
+
+def test_scale_subresource_and_hpa_scale_the_decode_pool(api: httpx.Client, deployed: str) -> None:
+    """kubectl scale and the HPA controller act on spec.decode.replicas through /scale."""
+    obj = example("qwen3-30b-a3b-single-node.yaml")
+    obj["metadata"]["name"] = "scaled"
+    assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
+    wait_ready(api, deployed, "scaled")
+    scale_path = moed_path(deployed, "scaled") + "/scale"
+
+    scale = api.get(scale_path).json()
+    assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 1, scale
+    assert scale["status"]["replicas"] == 1
+    assert "moe.inference.dev/pool=decode" in scale["status"]["selector"], scale
+
+    # What `kubectl scale --replicas 2` sends.
+    resp = api.patch(
+        scale_path, json={"spec": {"replicas": 2}}, headers={"Content-Type": "application/merge-patch+json"}
+    )
+    assert resp.status_code == 200, resp.text
+    wait_for(
+        lambda: len(pods_by_instance(engine_pods(api, deployed, "scaled"))) == 2,
+        60,
+        interval=0.5,
+        what="a second decode instance",
+    )
+    wait_ready(api, deployed, "scaled")
+    assert api.get(scale_path).json()["status"]["replicas"] == 2
+
+    # The real HPA controller (kube-controller-manager) raises the pool to minReplicas via /scale;
+    # no metrics pipeline is needed for that step.
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "scaled-decode"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "moe.inference.dev/v1alpha1", "kind": "MoEDeployment", "name": "scaled"},
+            "minReplicas": 3,
+            "maxReplicas": 4,
+            "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}],
+        },
+    }  # fmt: skip
+    hpa_path = f"/apis/autoscaling/v2/namespaces/{deployed}/horizontalpodautoscalers"
+    assert api.post(hpa_path, json=hpa).status_code == 201
+    try:
+        wait_for(
+            lambda: api.get(moed_path(deployed, "scaled")).json()["spec"]["decode"]["replicas"] == 3,
+            90,
+            interval=1,
+            what="the HPA to scale the decode pool to 3",
+        )
+        wait_for(
+            lambda: len(pods_by_instance(engine_pods(api, deployed, "scaled"))) == 3,
+            60,
+            interval=0.5,
+            what="a third decode instance",
+        )
+        status = api.get(f"{hpa_path}/scaled-decode").json()["status"]
+        assert status.get("desiredReplicas") == 3, status
+    finally:
+        api.delete(f"{hpa_path}/scaled-decode")

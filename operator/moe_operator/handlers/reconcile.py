@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -21,7 +22,8 @@ from pydantic import ValidationError
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.conditions import set_condition
 from moe_operator.handlers import runtime as rt
-from moe_operator.handlers.kube import KubeError
+from moe_operator.handlers.indexes import MANAGED
+from moe_operator.handlers.kube import KubeError, apply_in_waves
 from moe_operator.handlers.observe import (
     compute_status,
     group_states,
@@ -30,6 +32,7 @@ from moe_operator.handlers.observe import (
     status_changed,
 )
 from moe_operator.handlers.status_metrics import export_status
+from moe_operator.handlers.wakeups import Wakeups
 from moe_operator.lifecycle import GroupState, decide, formed, pool_may_roll, restarts_after
 from moe_operator.render import labels as L
 from moe_operator.render.children import render_children
@@ -41,9 +44,11 @@ from moe_operator.validation import validate
 
 GROUP = "moe.inference.dev"
 RESOURCE = "moedeployments"
-RECONCILE_INTERVAL_S = 5.0
+RECONCILE_INTERVAL_S = 5.0  # every deployment is reconciled at least this often
+WAKE_INTERVAL_S = 1.0  # deployments whose children changed are reconciled within about this
 LIFECYCLE_MANAGER = "moe-operator-groups"
 
+wakeups = Wakeups(RECONCILE_INTERVAL_S)
 _locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 # (namespace, kind, name) -> (spec hash, 30 s epoch) of the last apply: bridges the watch lag
 # so a burst of reconciles does not re-apply objects the index has not seen yet.
@@ -152,6 +157,7 @@ def _reconcile(
         _claims[uid] = {n: spec.topology.gpus_per_node for p in plan.placements for n in p.nodes}
         desired = render_children(spec, owner, plan, rt.settings())
         observed = {(c["kind"], c["name"]): c for c in children}
+        stale: list[dict[str, Any]] = []
         for obj in desired:
             child_key = (obj["kind"], obj["metadata"]["name"])
             want = obj["metadata"]["annotations"][L.SPEC_HASH]
@@ -160,8 +166,13 @@ def _reconcile(
                 continue
             if have is None and _recently_applied.get((namespace, *child_key)) == (want, _applied_epoch(now)):
                 continue  # applied moments ago; the watch has not delivered it to the index yet
-            kube.apply(obj)
-            _recently_applied[(namespace, *child_key)] = (want, _applied_epoch(now))
+            stale.append(obj)
+        for obj in apply_in_waves(kube, stale):
+            child_key = (obj["kind"], obj["metadata"]["name"])
+            _recently_applied[(namespace, *child_key)] = (
+                obj["metadata"]["annotations"][L.SPEC_HASH],
+                _applied_epoch(now),
+            )
             logger.info(f"applied {obj['kind']} {obj['metadata']['name']}")
         wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
         for (kind, child), c in observed.items():
@@ -265,17 +276,31 @@ def _indexes(kwargs: dict[str, Any]) -> dict[str, Any]:
 @kopf.on.create(GROUP, RESOURCE)
 @kopf.on.update(GROUP, RESOURCE)
 def on_change(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
+    wakeups.reconciled((str(body.metadata.namespace or ""), str(body.metadata.name)), time.monotonic())
     reconcile(body, patch, logger, _indexes(kwargs))
 
 
-@kopf.timer(GROUP, RESOURCE, interval=RECONCILE_INTERVAL_S, initial_delay=RECONCILE_INTERVAL_S)
+@kopf.timer(GROUP, RESOURCE, interval=WAKE_INTERVAL_S, initial_delay=WAKE_INTERVAL_S)
 def on_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
-    """Level-based catch-up: capacity appeared, a pod failed, a group became ready."""
-    reconcile(body, patch, logger, _indexes(kwargs))
+    """Level-based catch-up: a child changed (pod ready, pod failed) or the period passed (capacity appeared)."""
+    if wakeups.due((str(body.metadata.namespace or ""), str(body.metadata.name)), time.monotonic()):
+        reconcile(body, patch, logger, _indexes(kwargs))
+
+
+@kopf.on.event("pods", labels=MANAGED)
+@kopf.on.event("statefulsets", labels=MANAGED)
+@kopf.on.event("deployments", labels=MANAGED)
+def on_child_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+    """A pod or workload of a deployment changed: reconcile it on the next tick, not the next period."""
+    deployment = labels.get(L.DEPLOYMENT)
+    if deployment and namespace:
+        wakeups.mark((namespace, deployment))
 
 
 @kopf.on.event(GROUP, RESOURCE)
 def on_event(event: kopf.RawEvent, **_: Any) -> None:
     """A deleted deployment's planned nodes are free again (no finalizer needed for that)."""
     if event.get("type") == "DELETED":
-        _claims.pop(str(event["object"]["metadata"].get("uid")), None)
+        meta = event["object"]["metadata"]
+        _claims.pop(str(meta.get("uid")), None)
+        wakeups.forget((str(meta.get("namespace") or ""), str(meta.get("name"))))
