@@ -6,7 +6,10 @@ create to the last of its children (every object the operator renders, seen thro
 measuring adds no polling load), and to Ready; API requests the operator sent per deployment while
 creating (and while idle); the operator's resident memory. Usage:
 
-    .venv/bin/python benchmarks/reconcile_bench.py [--rounds 1,10,50]
+    .venv/bin/python benchmarks/reconcile_bench.py [--rounds 1,10,50] [--concurrency 8,1]
+
+Each round runs once per operator --apply-concurrency value (default 8, then 1 as the
+baseline: applies one by one), on the same sandbox, and ratios are printed.
 """
 
 from __future__ import annotations
@@ -124,8 +127,9 @@ class Watcher(threading.Thread):
             self.seen.setdefault((owner, f"{obj.get('kind')}/{meta['name']}"), now)
 
 
-def run_round(box: Sandbox, api: httpx.Client, n: int, metrics_port: int, pid: int) -> dict[str, float]:
-    ns = f"bench-{n}"
+def run_round(
+    box: Sandbox, api: httpx.Client, n: int, metrics_port: int, pid: int, ns: str
+) -> dict[str, float]:
     api.post("/api/v1/namespaces", json={"metadata": {"name": ns}})
     while api.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code != 200:
         time.sleep(0.1)
@@ -178,14 +182,39 @@ def run_round(box: Sandbox, api: httpx.Client, n: int, metrics_port: int, pid: i
     }
 
 
+def start_operator(box: Sandbox, work: Path, port_base: int, concurrency: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "KUBECONFIG": str(box.kubeconfig)}
+    log = open(work / f"operator-{concurrency}.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moe_operator.cli", "run", "--metrics-port", str(port_base + 1100),
+         "--liveness", f"http://127.0.0.1:{port_base + 1080}/healthz",
+         "--webhook-port", str(port_base + 1443), "--apply-concurrency", str(concurrency)],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    while True:
+        try:
+            httpx.get(f"http://127.0.0.1:{port_base + 1080}/healthz", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    time.sleep(3)
+    return proc
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", default="1,10,50")
+    parser.add_argument(
+        "--concurrency",
+        default="8,1",
+        help="operator --apply-concurrency values to run side by side (the last one is the baseline)",
+    )
     parser.add_argument("--port-base", type=int, default=25000)
     args = parser.parse_args()
     rounds = [int(x) for x in args.rounds.split(",")]
+    variants = [int(x) for x in args.concurrency.split(",")]
 
     work = Path(tempfile.mkdtemp(prefix="moe-bench-"))
     nodes_file = work / "nodes.yaml"
@@ -194,7 +223,7 @@ def main() -> int:
     print(
         f"sandbox up in {box.up(nodes_file, log=lambda m: print(m, file=sys.stderr)):.1f}s", file=sys.stderr
     )
-    proc = None
+    results: dict[tuple[int, int], dict[str, float]] = {}
     try:
         with box.client(timeout=30) as api:
             api.patch(
@@ -205,41 +234,42 @@ def main() -> int:
             ).raise_for_status()
             while api.get(f"{MOED}/moedeployments").status_code != 200:
                 time.sleep(0.2)
-            metrics_port = args.port_base + 1100
-            env = {**os.environ, "KUBECONFIG": str(box.kubeconfig)}
-            log = open(work / "operator.log", "wb")  # noqa: SIM115
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "moe_operator.cli", "run", "--metrics-port", str(metrics_port),
-                 "--liveness", f"http://127.0.0.1:{args.port_base + 1080}/healthz",
-                 "--webhook-port", str(args.port_base + 1443)],
-                env=env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            while True:
-                try:
-                    httpx.get(f"http://127.0.0.1:{args.port_base + 1080}/healthz", timeout=1)
-                    break
-                except httpx.HTTPError:
-                    time.sleep(0.3)
-            time.sleep(3)
             nodes = len(api.get("/api/v1/nodes").json()["items"])
             print(
                 f"\nreconciler benchmark: {nodes} simulated GPU nodes, single-node Qwen3-30B-A3B deployments"
             )
-            print(f"{'N':>4} {'objects':>8} {'children p50':>13} {'p99':>7} {'Ready p50':>10} {'p99':>7} {'ready':>6} "
-                  f"{'req/deploy':>11} {'idle req/30s':>13} {'RSS MB':>7}")  # fmt: skip
-            for n in rounds:
-                r = run_round(box, api, n, metrics_port, proc.pid)
-                print(
-                    f"{n:>4} {r['children']:>8.0f} {r['children_p50']:>12.2f}s {r['children_p99']:>6.2f}s {r['ready_p50']:>9.2f}s "
-                    f"{r['ready_p99']:>6.2f}s {int(r['ready']):>6} {r['requests_per_deployment']:>11.1f} "
-                    f"{r['idle_requests']:>13.0f} {r['rss_mb']:>7.1f}",
-                    flush=True,
-                )
+            print(f"{'conc':>4} {'N':>4} {'objects':>8} {'children p50':>13} {'p99':>7} {'Ready p50':>10} {'p99':>7} "
+                  f"{'ready':>6} {'req/deploy':>11} {'idle req/30s':>13} {'RSS MB':>7}")  # fmt: skip
+            for concurrency in variants:
+                proc = start_operator(box, work, args.port_base, concurrency)
+                try:
+                    for n in rounds:
+                        r = run_round(
+                            box, api, n, args.port_base + 1100, proc.pid, f"bench-c{concurrency}-{n}"
+                        )
+                        results[(concurrency, n)] = r
+                        print(
+                            f"{concurrency:>4} {n:>4} {r['children']:>8.0f} {r['children_p50']:>12.2f}s "
+                            f"{r['children_p99']:>6.2f}s {r['ready_p50']:>9.2f}s {r['ready_p99']:>6.2f}s "
+                            f"{int(r['ready']):>6} {r['requests_per_deployment']:>11.1f} "
+                            f"{r['idle_requests']:>13.0f} {r['rss_mb']:>7.1f}",
+                            flush=True,
+                        )
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+            if len(variants) > 1:
+                base = variants[-1]
+                print(f"\nratios to --apply-concurrency {base} (same sandbox, same run; < 1 is faster):")
+                for concurrency in variants[:-1]:
+                    for n in rounds:
+                        a, b = results[(concurrency, n)], results[(base, n)]
+                        print(
+                            f"  conc {concurrency} N={n:>3}: children p99 {a['children_p99'] / b['children_p99']:.2f}x, "
+                            f"Ready p99 {a['ready_p99'] / b['ready_p99']:.2f}x"
+                        )
             print("targets: children p99 < 1 s after apply; operator RSS < 300 MB with 50 deployments")
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
         box.down(log=lambda m: None, purge=True)
     return 0
 

@@ -33,6 +33,12 @@ def register(subparsers: Any) -> None:
         default=os.environ.get("MOE_RUNTIME_IMAGE", "ghcr.io/moe-inference/moe-runtime:0.1.0"),
         help="image whose /opt/moe-runtime is copied into engine pods",
     )
+    p.add_argument(
+        "--apply-concurrency",
+        type=int,
+        default=8,
+        help="server-side applies in flight at once across reconciles (1: one by one)",
+    )
     p.set_defaults(func=run)
 
 
@@ -62,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from moe_operator.render.group import RuntimeSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    rt.configure(Kube(), RuntimeSettings(runtime_image=args.runtime_image))
+    rt.configure(
+        Kube(apply_concurrency=args.apply_concurrency), RuntimeSettings(runtime_image=args.runtime_image)
+    )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="0.0.0.0")
     webhook = None if args.no_webhook else _webhook_files(args)

@@ -55,10 +55,15 @@ class KubeError(RuntimeError):
         self.status = status
 
 
+# Workloads last: their pods need the ServiceAccount and ConfigMaps to exist, or the
+# controllers that create them back off and delay readiness.
+_WORKLOAD_KINDS = frozenset({"StatefulSet", "Deployment"})
+
+
 class Kube:
     """Thread-safe; one per operator process."""
 
-    def __init__(self, kubeconfig: str | None = None) -> None:
+    def __init__(self, kubeconfig: str | None = None, apply_concurrency: int = 8) -> None:
         configuration = k8s_client.Configuration()
         try:
             k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
@@ -81,6 +86,11 @@ class Kube:
             headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
         self.requests: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._apply_pool = (
+            ThreadPoolExecutor(max_workers=apply_concurrency, thread_name_prefix="apply")
+            if apply_concurrency > 1
+            else None
+        )
         self._http = httpx.Client(
             base_url=configuration.host,
             verify=ctx,
@@ -118,6 +128,28 @@ class Kube:
             headers={"Content-Type": "application/apply-patch+yaml"},
         )
         return self._check(resp)
+
+    def apply_in_waves(self, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Apply objects concurrently: everything else first, then the workloads; returns them in order.
+
+        A reconcile's applies are independent writes, so one deployment's children take about
+        two round trips instead of one per object (apply_concurrency=1: one by one, in order).
+        The first failure is raised after its wave.
+        """
+        waves = (
+            [o for o in objects if o["kind"] not in _WORKLOAD_KINDS],
+            [o for o in objects if o["kind"] in _WORKLOAD_KINDS],
+        )
+        applied: list[dict[str, Any]] = []
+        for wave in waves:
+            if self._apply_pool is None or len(wave) == 1:
+                for obj in wave:
+                    self.apply(obj)
+            else:
+                for future in [self._apply_pool.submit(self.apply, o) for o in wave]:
+                    future.result()
+            applied += wave
+        return applied
 
     def merge_patch(self, obj_path: str, patch: dict[str, Any], field_manager: str) -> dict[str, Any]:
         resp = self._http.patch(
@@ -164,31 +196,6 @@ class Kube:
         self._check(resp)
 
     def close(self) -> None:
+        if self._apply_pool is not None:
+            self._apply_pool.shutdown(wait=True)
         self._http.close()
-
-
-# Workloads last: their pods need the ServiceAccount and ConfigMaps to exist, or the
-# controllers that create them back off and delay readiness.
-_WORKLOAD_KINDS = frozenset({"StatefulSet", "Deployment"})
-_APPLY_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="apply")
-
-
-def apply_in_waves(kube: Kube, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Apply objects concurrently: everything else first, then the workloads; returns them in order.
-
-    A reconcile's applies are independent writes, so one deployment's children take about
-    two round trips instead of one per object. The first failure is raised after its wave.
-    """
-    waves = (
-        [o for o in objects if o["kind"] not in _WORKLOAD_KINDS],
-        [o for o in objects if o["kind"] in _WORKLOAD_KINDS],
-    )
-    applied: list[dict[str, Any]] = []
-    for wave in waves:
-        if len(wave) == 1:
-            kube.apply(wave[0])
-        elif wave:
-            for future in [_APPLY_POOL.submit(kube.apply, o) for o in wave]:
-                future.result()
-        applied += wave
-    return applied

@@ -23,7 +23,7 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.conditions import set_condition
 from moe_operator.handlers import runtime as rt
 from moe_operator.handlers.indexes import MANAGED
-from moe_operator.handlers.kube import KubeError, apply_in_waves
+from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.observe import (
     compute_status,
     group_states,
@@ -167,7 +167,7 @@ def _reconcile(
             if have is None and _recently_applied.get((namespace, *child_key)) == (want, _applied_epoch(now)):
                 continue  # applied moments ago; the watch has not delivered it to the index yet
             stale.append(obj)
-        for obj in apply_in_waves(kube, stale):
+        for obj in kube.apply_in_waves(stale):
             child_key = (obj["kind"], obj["metadata"]["name"])
             _recently_applied[(namespace, *child_key)] = (
                 obj["metadata"]["annotations"][L.SPEC_HASH],
