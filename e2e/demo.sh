@@ -2,39 +2,68 @@
 # The main job on the local simulated cluster, from a clean clone:
 #   installs what is missing, starts the sandbox control plane (simulated H100 and GB200
 #   pools), runs the operator, applies the DeepSeek-V3 P/D example and waits until the
-#   operator reports it Ready, then shows where every engine instance landed.
+#   operator reports it Ready, shows where every engine instance landed, starts a replay
+#   runtime on each instance leader's IP and a real Prometheus with the project's alert
+#   rules, lets the imbalance alert fire on the trivial expert placement, lets the operator's
+#   control loop rebalance until it resolves, and prints a summary.
 # Clean up with: bash e2e/demo.sh down
+# Two sandboxes coexist with different MOE_SANDBOX_PORT_BASE (default 16000) and MOE_SANDBOX_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-state=${MOE_SANDBOX_DIR:-$HOME/.cache/moe-operator/sandbox}
-step() { printf '\n==> %s\n' "$*" >&2; }
+export MOE_SANDBOX_PORT_BASE=${MOE_SANDBOX_PORT_BASE:-16000}
+step() { printf '\n==> [%3ss] %s\n' "$SECONDS" "$*" >&2; }
+demo() { .venv/bin/python e2e/demo/demo.py "$@"; }
+operator_running() { [ -f "$STATE/operator.pid" ] && kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null; }
+start_operator() {
+  nohup .venv/bin/moe-operator run --liveness "$OPERATOR_LIVENESS" --metrics-port "$OPERATOR_METRICS_PORT" \
+    --webhook-port "$WEBHOOK_PORT" >>"$STATE/operator.log" 2>&1 &
+  echo $! >"$STATE/operator.pid"
+  demo wait-operator
+  echo "operator pid $(cat "$STATE/operator.pid"), metrics on :$OPERATOR_METRICS_PORT"
+}
+stop_operator() {
+  if operator_running; then
+    pid=$(cat "$STATE/operator.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$STATE/operator.pid"
+}
 
 if [ "${1:-}" = "down" ]; then
-  [ -f "$state/operator.pid" ] && kill "$(cat "$state/operator.pid")" 2>/dev/null || true
-  rm -f "$state/operator.pid"
+  [ -x .venv/bin/python ] || { echo "nothing to stop (no .venv)"; exit 0; }
+  eval "$(demo env)"
+  step "stopping the demo's replay runtimes and Prometheus"
+  demo stop
+  step "stopping the operator"
+  stop_operator
+  step "stopping the sandbox"
   .venv/bin/moe-operator sandbox down
   exit 0
 fi
 
 bash e2e/setup.sh
-step "starting the sandbox control plane"
-.venv/bin/moe-operator sandbox up | tee "$state.up.log"
-KUBECONFIG=$(sed -n 's/^KUBECONFIG=//p' "$state.up.log" | tail -1)
-export KUBECONFIG
-KUBECTL=$(ls -d "$HOME"/.cache/moe-operator/bin/kubernetes-*/ | grep -v partial | head -1)kubectl
+eval "$(demo env)"
+mkdir -p "$STATE"
+demo stop >/dev/null  # leftovers of an earlier run
 
-step "installing the MoEDeployment CRD and starting the operator (log: $state/operator.log)"
+step "starting the sandbox control plane (state: $STATE, ports from $MOE_SANDBOX_PORT_BASE)"
+nodes=$(demo nodes-file "$STATE/demo-nodepools.yaml")
+.venv/bin/moe-operator sandbox up ${nodes:+--nodes "$nodes"} | tee "$STATE/demo-up.log"
+KUBECONFIG=$(sed -n 's/^KUBECONFIG=//p' "$STATE/demo-up.log" | tail -1)
+export KUBECONFIG
+
+step "installing the MoEDeployment CRD and starting the operator (log: $STATE/operator.log)"
 "$KUBECTL" apply --server-side -f crds/ >/dev/null
 "$KUBECTL" wait --for condition=established crd/moedeployments.moe.inference.dev --timeout=60s >/dev/null
-if [ -f "$state/operator.pid" ] && kill -0 "$(cat "$state/operator.pid")" 2>/dev/null; then
-  echo "operator already running (pid $(cat "$state/operator.pid"))"
-else
-  nohup .venv/bin/moe-operator run --liveness http://127.0.0.1:8080/healthz >"$state/operator.log" 2>&1 &
-  echo $! >"$state/operator.pid"
-  for _ in $(seq 60); do
-    "$KUBECTL" get validatingwebhookconfiguration moe.inference.dev >/dev/null 2>&1 && break
-    sleep 1
-  done
+operator_running || start_operator
+if [ -n "$("$KUBECTL" delete moedeployment deepseek-v3 --ignore-not-found --wait -o name)" ]; then
+  # The operator keeps a pool's placement history in memory by namespace/name: a fresh
+  # operator makes the re-created example start from version 0 like the first run.
+  echo "deleted the MoEDeployment of an earlier run; restarting the operator for a fresh start"
+  stop_operator
+  start_operator
 fi
 
 step "applying examples/deepseek-v3-pd-h100.yaml (prefill EP32 x1, decode EP72 x2 on H100 racks)"
@@ -58,6 +87,30 @@ for (pool, inst), ns in sorted(groups.items()):
     racks = sorted({nodes[n]["topology.kubernetes.io/zone"] for n in ns if n in nodes})
     print(f"{pool:8} instance {inst}: {len(ns)} pods on {len(set(ns))} nodes, rack(s) {racks}")
 '
-"$KUBECTL" get events --field-selector involvedObject.kind=MoEDeployment | tail -5
 
-printf '\nThe sandbox and operator keep running. Use them with:\n  export KUBECONFIG=%s\n  %s get moed,sts,pods\nClean up with:\n  bash e2e/demo.sh down\n' "$KUBECONFIG" "$KUBECTL"
+step "starting a replay runtime (GPU-less engine + the real sidecar) on every instance leader's IP"
+demo runtimes
+
+step "starting Prometheus (Debian package) with the project's alert rules"
+demo prometheus
+
+step "waiting for MoEExpertImbalanceHigh to fire on the trivial placement (the example's control loop refreshes every 5m)"
+demo wait-fired
+
+step "letting the control loop act now: refreshInterval 15s for the demo"
+demo rebalance
+step "waiting for the operator to publish placements and the alert to resolve"
+demo wait-resolved
+
+step "summary"
+"$KUBECTL" get moedeployments,statefulsets -o wide
+echo
+"$KUBECTL" get pods -o wide -l apps.kubernetes.io/pod-index=0
+echo "(instance leaders only: $("$KUBECTL" get pods --no-headers | wc -l) pods in all)"
+uid=$("$KUBECTL" get moedeployment deepseek-v3 -o jsonpath='{.metadata.uid}')
+"$KUBECTL" get events --field-selector "involvedObject.uid=$uid" --sort-by=.lastTimestamp | tail -6
+echo
+demo summary
+
+printf '\nEverything keeps running. Use it with:\n  export KUBECONFIG=%s\n  %s get moed,sts,pods\n  %s   (Prometheus: alerts, moe_runtime_balancedness)\nClean up with:\n  bash e2e/demo.sh down\n' \
+  "$KUBECONFIG" "$KUBECTL" "$PROMETHEUS_URL"

@@ -13,7 +13,8 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 need=()
 command -v openssl >/dev/null || need+=(openssl)
 command -v lua5.1 >/dev/null || need+=(lua5.1)
-command -v promtool >/dev/null || need+=(prometheus)
+# The demo (e2e/demo.sh) runs the prometheus server binary itself, so check for both.
+{ command -v promtool && command -v prometheus; } >/dev/null || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   step "installing Debian packages: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
