@@ -19,6 +19,7 @@ _GROUPS: dict[str, str] = {
     "run": "moe_operator.handlers.cli",
     "plan": "moe_operator.topology.cli",
     "crds": "moe_operator.api.cli",
+    "placement": "moe_operator.control.cli",
 }
 
 

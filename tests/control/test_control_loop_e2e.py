@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import json
+import os
 import re
 import signal
 import subprocess
@@ -16,6 +18,7 @@ import httpx
 import pytest
 import yaml
 
+from moe_operator.control import history_store
 from moe_operator.sandbox.testing import wait_for
 from operator_harness import MOED, OperatorProcess, bind_model_volume
 
@@ -66,7 +69,7 @@ def held_version(ip: str) -> int | None:
 
 
 def test_control_loop_balances_two_instances(
-    api: httpx.Client, deployed: str, moe_operator: OperatorProcess, tmp_path: Path
+    api: httpx.Client, deployed: str, moe_operator: OperatorProcess, kubeconfig: Path, tmp_path: Path
 ) -> None:
     obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-gb200.yaml").read_text())
     name = obj["metadata"]["name"]
@@ -86,6 +89,20 @@ def test_control_loop_balances_two_instances(
         return ips if len(ips) == 2 and all(ips) else None
 
     ips: list[str] = wait_for(leaders, 120, interval=0.5, what="two leader pods with IPs")
+    cms = f"/api/v1/namespaces/{deployed}/configmaps"
+
+    def live_cm() -> dict[str, Any]:
+        out: dict[str, Any] = api.get(f"{cms}/{name}-decode-placement").json()
+        return out
+
+    def placement_cli(*args: str) -> str:
+        """`moe-operator placement ...` as a user runs it, against the sandbox."""
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+        cmd = [sys.executable, "-m", "moe_operator.cli", "placement", *args]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
     secret = api.get(f"/api/v1/namespaces/{deployed}/secrets/{name}-runtime-token").json()
     token_file = tmp_path / "token"
     token_file.write_bytes(base64.b64decode(secret["data"]["token"]))
@@ -98,13 +115,38 @@ def test_control_loop_balances_two_instances(
         out: dict[str, Any] = (st.get("placement") or {}).get("decode") or {}
         return out
 
+    def evaluations() -> int:
+        """Pool evaluations the operator finished (refreshes), from its own metrics."""
+        text = httpx.get(f"http://127.0.0.1:{moe_operator.metrics_port}/metrics", timeout=5).text
+        pattern = rf'^moe_operator_placement_evaluation_seconds_count\{{[^}}]*deployment="{name}"[^}}]*pool="decode"[^}}]*\}} (\S+)$'
+        m = re.search(pattern, text, re.M)
+        return int(float(m.group(1))) if m else 0
+
     def sample() -> tuple[dict[str, Any], list[float | None]]:
         p, bal = placement(), [runtime_balancedness(ip) for ip in ips]
         timeline.append(
-            f"t={time.monotonic() - start:5.1f}s v={p.get('version', 0)} runtime={bal} "
+            f"t={time.monotonic() - start:5.1f}s v={p.get('version', 0)} "
+            f"runtime={[None if b is None else round(b, 3) for b in bal]} "
             f"operator measured={p.get('measuredBalancedness')} predicted={p.get('predictedBalancedness')}"
         )
         return p, bal
+
+    def within(refreshes: int, predicate: Any, what: str) -> None:
+        """Wait for predicate, failing once `refreshes` more evaluations passed without it.
+
+        Counted in evaluations (each one refreshInterval after the last), not seconds: a
+        loaded CI machine makes planning slower, not the loop's cadence wrong.
+        """
+        base = evaluations()
+
+        def check() -> bool:
+            done = evaluations() - base  # read first: the predicate then sees at least this much
+            if predicate():
+                return True
+            assert done <= refreshes, f"no {what} after {done} refreshes"
+            return False
+
+        wait_for(check, refreshes * REFRESH_S * 10, interval=2, what=what)
 
     try:
         wait_for(lambda: all(b is not None for b in sample()[1]), 30, what="runtime metrics")
@@ -120,26 +162,100 @@ def test_control_loop_balances_two_instances(
                 and all(b and b >= 0.9 * pred for b in bal)
             )
 
-        # Two refreshes after creation have passed by now at most; allow three more plus slack.
-        wait_for(balanced, 3 * REFRESH_S + 30, interval=2, what="balancedness near the prediction")
+        # Within 3 refreshes of the first windows (+1 that may have found none, +1 in flight).
+        within(5, balanced, "balancedness near the prediction")
+        assert evaluations() >= 2, "the operator's evaluation count is not readable"
+        before = placement()
+
+        # The traffic shifts (hot experts move) on both runtimes: the placement stops fitting
+        # (measured balancedness drops), then the loop plans for the new traffic and recovers.
+        auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        for ip in ips:
+            r = httpx.post(f"http://{ip}:9400/v1/replay/shift", json={"seed": 7}, headers=auth, timeout=5)
+            assert r.status_code == 200, r.text
+        timeline.append(f"t={time.monotonic() - start:5.1f}s --- traffic shifted on both runtimes ---")
+        stale = 0.9 * before["predictedBalancedness"]
+        wait_for(
+            lambda: all(b is not None and b < stale for b in sample()[1]),
+            20,
+            interval=0.5,
+            what=f"runtime balancedness below {stale:.3f} after the shift",
+        )
+        operator_saw: list[float] = []
+
+        def recovered() -> bool:
+            p = placement()
+            if p.get("measuredBalancedness") is not None:
+                operator_saw.append(p["measuredBalancedness"])
+            return p.get("version", 0) > before["version"] and balanced()
+
+        within(4, recovered, "recovery after the shift")  # 3 refreshes, +1 in flight at the shift
+        assert min(operator_saw) < stale, (operator_saw, stale)  # the operator measured the drop too
+        timeline.append(f"t={time.monotonic() - start:5.1f}s --- recovered ---")
         v1 = placement()["version"]
 
         # One runtime dies: the other keeps getting the placement refreshed and stays balanced.
         procs[1].send_signal(signal.SIGTERM)
         procs[1].wait(10)
-        wait_for(lambda: "unreachable" in placement().get("message", ""), 3 * REFRESH_S, interval=2)
+        within(2, lambda: "unreachable" in placement().get("message", ""), "the dead runtime reported")
         _, bal = sample()
         assert bal[0] is not None and bal[0] >= 0.9 * placement()["predictedBalancedness"]
         assert (held_version(ips[0]) or 0) >= v1
 
-        # The operator restarts: versions continue (no reset to 0 or 1), history is the ConfigMap's.
+        # The operator restarts: versions continue (no reset to 0 or 1) and the first plan after
+        # the restart uses the load history it had (stored, bounded, in its own ConfigMap).
+        stored = api.get(f"{cms}/{name}-decode-placement-history").json()
+        kept = history_store.decode(stored["data"][history_store.KEY], (61, 256))
+        assert kept is not None and len(kept.keys) >= 3, "no load history stored"
         moe_operator.restart()
-        time.sleep(REFRESH_S + 6)
+        timeline.append(f"t={time.monotonic() - start:5.1f}s --- operator restarted ---")
+        within(
+            2,
+            lambda: "restored after a restart" in placement().get("message", ""),
+            "a plan on restored history",
+        )
+        m = re.search(r"planned on (\d+) load buckets, (\d+) restored", placement()["message"])
+        assert m and 1 <= int(m.group(2)) <= len(kept.keys), (m and m.groups(), len(kept.keys))
+        timeline.append(f"t={time.monotonic() - start:5.1f}s first plan after restart: {m.group(0)}")
         after = placement()
         assert after["version"] >= v1, after
-        cm = api.get(f"/api/v1/namespaces/{deployed}/configmaps/{name}-decode-placement").json()
-        assert int(cm["metadata"]["annotations"]["moe.inference.dev/placement-version"]) >= v1
+        assert int(live_cm()["metadata"]["annotations"]["moe.inference.dev/placement-version"]) >= v1
+
+        # Roll back to the version before the live one: published as a new version, adopted and
+        # pushed by the loop, and not replanned over while paused.
+        live = int(live_cm()["metadata"]["annotations"]["moe.inference.dev/placement-version"])
+        listed = placement_cli("history", name, "--pool", "decode", "-n", deployed)
+        assert f"* v{live} " in listed, listed
+        out = placement_cli(
+            "rollback", name, "--pool", "decode", "-n", deployed, "--to-version", str(live - 1)
+        )
+        rolled = live_cm()
+        version = int(rolled["metadata"]["annotations"]["moe.inference.dev/placement-version"])
+        assert version > live and f"published v{version} (rollback of v{live - 1})" in out, out
+        assert "rollback of" in rolled["metadata"]["annotations"]["moe.inference.dev/placement-paused"]
+        old = api.get(f"{cms}/{name}-decode-placement-v{live - 1}").json()
+        assert (
+            json.loads(rolled["data"]["placement.json"])["physicalToLogicalMap"]
+            == json.loads(old["data"]["placement.json"])["physicalToLogicalMap"]
+        )
+        timeline.append(
+            f"t={time.monotonic() - start:5.1f}s --- rolled back to v{live - 1} as v{version} ---"
+        )
+        within(
+            2,
+            lambda: (
+                placement().get("version") == version
+                and held_version(ips[0]) == version
+                and "paused" in placement().get("message", "")
+            ),
+            "the rollback adopted and pushed",
+        )
+        seen = evaluations()
+        wait_for(lambda: evaluations() >= seen + 1, 10 * REFRESH_S, interval=2, what="one more refresh")
         sample()
+        assert placement()["version"] == version and held_version(ips[0]) == version  # not replanned over
+        assert "resumed" in placement_cli("resume", name, "--pool", "decode", "-n", deployed)
+        assert "moe.inference.dev/placement-paused" not in live_cm()["metadata"]["annotations"]
     finally:
         for p in procs:
             if p.poll() is None:

@@ -104,3 +104,117 @@ def test_configmaps_are_versioned_and_rollback_window_is_bounded() -> None:
     assert live["metadata"]["name"] == "m-decode-placement"
     assert live["data"] == versioned["data"]
     assert expired_versions(7) == [4] and expired_versions(2) == []
+
+
+def test_history_snapshot_round_trips_within_quantisation() -> None:
+    from moe_operator.control import history_store as hs
+
+    rng = np.random.default_rng(3)
+    ws = [window(inst, s, 10.0 * s, rng) for s in range(1, 7) for inst in ("a", "b")]
+    snap = hs.snapshot(ws, 10.0, {"a": 6, "b": 6}, now=65.0)
+    assert snap is not None and snap.keys == [1, 2, 3, 4, 5, 6]
+    back = hs.decode(hs.encode(snap), (L, E))
+    assert back is not None and back.keys == snap.keys and back.cursors == {"a": 6, "b": 6}
+    peak = snap.counts.max(axis=-1, keepdims=True)
+    assert np.all(np.abs(back.counts - snap.counts) <= peak / 65535 + 1e-9)
+    assert hs.decode(hs.encode(snap), (L, E + 1)) is None  # another model: ignored, not misread
+    assert hs.decode("{not json", (L, E)) is None
+
+
+def test_history_snapshot_is_bounded_by_dropping_the_oldest_buckets() -> None:
+    from moe_operator.control import history_store as hs
+
+    rng = np.random.default_rng(4)
+    counts = rng.integers(0, 60000, size=(40, 61, 256)).astype(np.float64)  # DeepSeek-V3, incompressible
+    snap = hs.Snapshot(5.0, list(range(100, 140)), counts, {}, 0.0)
+    text = hs.encode(snap, max_bytes=200_000)
+    back = hs.decode(text, (61, 256))
+    assert len(text) <= 200_000 and back is not None
+    assert 0 < len(back.keys) < 40 and back.keys == list(range(140 - len(back.keys), 140))  # newest kept
+    assert len(hs.encode(snap)) <= hs.MAX_BYTES < 1024 * 1024
+    with pytest.raises(ValueError, match="one bucket"):
+        hs.encode(snap, max_bytes=1000)
+
+
+def test_restored_history_plans_like_the_lost_one_but_does_not_score() -> None:
+    """After a restart the planner sees the same buckets as before; only live windows are scored."""
+    from moe_operator.control import aggregate
+    from moe_operator.control import history_store as hs
+
+    rng = np.random.default_rng(5)
+    old = [window(inst, s, 10.0 * s, rng) for s in range(1, 6) for inst in ("a", "b")]
+    snap = hs.decode(hs.encode(hs.snapshot(old, 10.0, {"a": 5, "b": 5}, 55.0)), (L, E))  # type: ignore[arg-type]
+    assert snap is not None
+    restarted = History()
+    restarted.restore(hs.restored_windows(snap), snap.cursors)
+    assert restarted.add([window("a", 5, 50.0, rng)]) == 0  # already counted before the restart
+    new = [window("a", 6, 60.0, rng), window("b", 6, 61.0, rng)]
+    assert restarted.add(new) == 2
+    keys, hist = aggregate.bucketed(list(restarted.windows), 10.0)
+    want_keys, want = aggregate.bucketed([*old, *new], 10.0)
+    assert keys == want_keys
+    np.testing.assert_allclose(hist, want, atol=want.max() / 65535 * 2)
+
+    shape = PoolShape(L, E, R, G, 1, 1, "static")
+    policy = Policy("operator", 0.03, 0, 0.0, 10.0)
+    ev = evaluate(list(restarted.windows), trivial_map(L, E, E + R), shape, policy, None, fresh_after=0.0)
+    assert (ev.history_buckets, ev.restored_buckets) == (6, 5)
+    assert ev.instances == ["a", "b"] and ev.window_range == (60, 61)  # restored buckets never vote
+    only_restored = History()
+    only_restored.restore(hs.restored_windows(snap), {})
+    with pytest.raises(ValueError, match="no fresh"):
+        evaluate(list(only_restored.windows), trivial_map(L, E, E + R), shape, policy, None, 0.0)
+
+
+def _published(version: int, seed: int) -> list[dict]:  # type: ignore[type-arg]
+    from datetime import UTC, datetime
+
+    m = trivial_map(L, E, E + R)
+    m[1:] = np.random.default_rng(seed).permuted(m[1:], axis=1)
+    doc = document(version, m, datetime(2026, 1, 1, 0, version, tzinfo=UTC))
+    return configmaps(Owner("m", "ns", "u"), "decode", doc, {"predictedBalancedness": 0.9, "movedExperts": 3})
+
+
+def test_rollback_publishes_an_old_map_as_a_new_paused_version() -> None:
+    import json
+    from datetime import UTC, datetime
+
+    from moe_operator.control import rollback as rb
+
+    v3, v4, v5 = _published(3, 3), _published(4, 4), _published(5, 5)
+    listing = [v3[0], v4[0], v5[0], v5[1]]  # kept copies and the live map (v5)
+    entries = rb.history(listing, "m", "decode")
+    assert [(e.version, e.live) for e in entries] == [(3, False), (4, False), (5, True)]
+    assert rb.pick(entries, None).version == 4  # default: the one before the live map
+    assert rb.pick(entries, 3).version == 3
+    with pytest.raises(ValueError, match="not kept"):
+        rb.pick(entries, 1)
+    with pytest.raises(ValueError, match="already the live"):
+        rb.pick(entries, 5)
+
+    objs, expired = rb.rollback(
+        Owner("m", "ns", "u"), "decode", entries, entries[0], datetime(2026, 1, 2, tzinfo=UTC)
+    )
+    copy, live = objs
+    assert (
+        copy["metadata"]["name"] == "m-decode-placement-v6"
+        and live["metadata"]["name"] == "m-decode-placement"
+    )
+    doc = json.loads(live["data"]["placement.json"])
+    assert doc["version"] == 6 and doc["physicalToLogicalMap"] == entries[0].phy2log.tolist()
+    provenance = json.loads(live["metadata"]["annotations"]["moe.inference.dev/placement-provenance"])
+    assert provenance["reason"] == "rollback of v3" and provenance["movedExperts"] > 0
+    assert live["metadata"]["annotations"][rb.PAUSED] == "rollback of v3 to v6"
+    assert rb.PAUSED not in copy["metadata"]["annotations"]  # the kept copy is history, not a switch
+    assert expired == [3]  # the window of kept versions slides: v4, v5, v6
+    assert "rollback of v3" in rb.describe(rb.history([copy, live], "m", "decode")[0])
+    unpaused, _ = rb.rollback(
+        Owner("m", "ns", "u"), "decode", entries, entries[1], datetime.now(UTC), pause=False
+    )
+    assert rb.PAUSED not in unpaused[1]["metadata"]["annotations"]
+
+
+def test_paused_placement_is_measured_but_not_replaced() -> None:
+    d = decide(Inputs("operator", 0.5, 0.9, 10, 0.03, 0, 0.0, None, paused="rollback of v3 to v6"))
+    assert (d.publish, d.reason) == (False, "paused") and "rollback of v3" in d.message
+    assert decide(Inputs("off", 0.5, 0.9, 10, 0.03, 0, 0.0, None, paused="x")).reason == "off"

@@ -195,3 +195,35 @@ def test_replay_with_engine_config(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def test_trace_shift_moves_hot_experts_and_keeps_the_skew() -> None:
+    from moe_runtime.replay.trace import StreamingTrace, TraceConfig
+
+    trace = StreamingTrace(TraceConfig(num_layers=3, num_experts=EXPERTS, top_k=2, seed=5))
+    before = trace.popularity.copy()
+    trace.shift(7)
+    after = trace.popularity
+    # the same distributions per layer, on other experts
+    np.testing.assert_allclose(np.sort(after, axis=-1), np.sort(before, axis=-1))
+    assert (after.argmax(axis=-1) != before.argmax(axis=-1)).any()
+
+
+def test_shift_endpoint_makes_a_fitted_placement_stale(
+    replay: tuple[httpx.Client, subprocess.Popen[str]],
+) -> None:
+    client, _ = replay
+    assert client.post("/v1/replay/shift", json={}).status_code == 401
+    wait_for(lambda: len(client.get("/v1/windows").json()["windows"]) >= 3, timeout=60, what="3 windows")
+    push(client, 1, deepseek_global(loads(client), GPUS, REDUNDANT))
+    wait_for(lambda: applied_version(client) == 1, timeout=60, what="v1 applied at a rebalance")
+    fitted = measure(client)
+
+    r = client.post("/v1/replay/shift", json={"seed": 11}, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200 and r.json()["seed"] == 11, r.text
+    wait_for(lambda: client.get("/v1/replay").json()["shifts"] == 1, what="the shift applied")
+    stale = measure(client)
+    print(f"fitted map: balancedness {fitted:.3f}; after the shift: {stale:.3f}")
+    # the pushed map stays (operator placements win over the engine's own EPLB) but no longer fits
+    assert applied_version(client) == 1
+    assert stale < fitted - 0.05, (fitted, stale)

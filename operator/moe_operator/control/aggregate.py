@@ -8,9 +8,18 @@ import numpy as np
 
 from moe_operator.control.windows import FloatArray, Window
 
+MAX_BUCKETS = 32
 
-def time_buckets(windows: Sequence[Window], bucket_s: float, max_buckets: int = 32) -> FloatArray:
-    """Sum windows of all instances that end in the same time bucket; [T, L, E], oldest first.
+
+def time_buckets(windows: Sequence[Window], bucket_s: float, max_buckets: int = MAX_BUCKETS) -> FloatArray:
+    """Sum windows of all instances that end in the same time bucket; [T, L, E], oldest first."""
+    return bucketed(windows, bucket_s, max_buckets)[1]
+
+
+def bucketed(
+    windows: Sequence[Window], bucket_s: float, max_buckets: int = MAX_BUCKETS
+) -> tuple[list[int], FloatArray]:
+    """The bucket keys (end time // bucket_s) and their summed counts [T, L, E], oldest first.
 
     Instances serve the same traffic mix, so their counts add up; buckets (not window
     sequence numbers) align instances whose rebalance clocks differ. Empty buckets are
@@ -28,7 +37,7 @@ def time_buckets(windows: Sequence[Window], bucket_s: float, max_buckets: int = 
         else:
             buckets[key] = w.counts.copy()
     keys = sorted(buckets)[-max_buckets:]
-    return np.stack([buckets[k] for k in keys])
+    return keys, np.stack([buckets[k] for k in keys])
 
 
 def latest(windows: Sequence[Window]) -> tuple[FloatArray, list[str], tuple[int, int]]:

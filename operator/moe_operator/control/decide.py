@@ -22,6 +22,7 @@ class Inputs:
     max_moves: int  # 0: no cap
     min_interval_s: float
     since_last_publish_s: float | None  # None: never published
+    paused: str = ""  # why automatic placement is paused (a rollback); empty: not paused
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ def decide(i: Inputs) -> Decision:
         return Decision(False, False, "off", "eplb mode off: nothing to do")
     if i.mode == "engine":
         return Decision(False, False, "observe", f"eplb mode engine: observing only; {numbers}")
+    if i.paused:
+        return Decision(False, False, "paused", f"automatic placement paused ({i.paused}); {numbers}")
     if i.moved == 0:
         return Decision(False, False, "unchanged", f"the planner keeps the current placement; {numbers}")
     if gain < i.min_improvement:

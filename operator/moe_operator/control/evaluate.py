@@ -38,6 +38,7 @@ class Policy:
     max_moves: int
     min_interval_s: float
     bucket_s: float
+    paused: str = ""  # see decide.Inputs.paused
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class Evaluation:
     moved: int
     instances: list[str]
     window_range: tuple[int, int]
+    history_buckets: int = 0  # time buckets the plan used
+    restored_buckets: int = 0  # of which restored from before an operator restart
 
 
 def evaluate(
@@ -62,14 +65,16 @@ def evaluate(
     """Plan against ``current`` and decide. Raises ValueError on bad input (the shell reports it).
 
     The current placement is scored on each instance's newest window ending after
-    ``fresh_after`` (a runtime that went quiet does not vote); the plan uses all history.
+    ``fresh_after`` (a runtime that went quiet does not vote); the plan uses all history,
+    restored buckets included.
     """
-    fresh = [w for w in windows if w.ended_at >= fresh_after]
+    fresh = [w for w in windows if w.ended_at >= fresh_after and not w.restored]
     if not fresh:
         raise ValueError("no fresh load windows from any instance")
     recent, instances, window_range = aggregate.latest(fresh)
     measured = score.measured(current, recent, shape.num_gpus, shape.num_nodes, shape.dispatch)
-    history = aggregate.time_buckets(windows, policy.bucket_s)
+    keys, history = aggregate.bucketed(windows, policy.bucket_s)
+    restored = {int(w.ended_at // policy.bucket_s) for w in windows if w.restored}
     result = plan(
         history,
         num_gpus=shape.num_gpus,
@@ -95,6 +100,17 @@ def evaluate(
             max_moves=policy.max_moves,
             min_interval_s=policy.min_interval_s,
             since_last_publish_s=since_last_publish_s,
+            paused=policy.paused,
         )
     )
-    return Evaluation(decision, candidate, measured, predicted, result.moved_slots, instances, window_range)
+    return Evaluation(
+        decision,
+        candidate,
+        measured,
+        predicted,
+        result.moved_slots,
+        instances,
+        window_range,
+        history_buckets=len(keys),
+        restored_buckets=len(restored.intersection(keys)),
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from moe_operator.control.history_store import KEY as HISTORY_KEY
 from moe_operator.render import labels as L
 from moe_operator.render.group import Owner, placement_config_name
 
@@ -40,6 +41,26 @@ def configmaps(
         }
 
     return [cm(version_name(owner.name, pool, doc["version"])), cm(placement_config_name(owner.name, pool))]
+
+
+def history_name(name: str, pool: str) -> str:
+    return f"{placement_config_name(name, pool)}-history"
+
+
+def history_configmap(owner: Owner, pool: str, text: str) -> dict[str, Any]:
+    """The pool's stored load history (history_store.encode); no pod mounts it."""
+    labels = {**L.pool_selector(owner.name, pool), "app.kubernetes.io/managed-by": L.MANAGED_BY}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": history_name(owner.name, pool),
+            "namespace": owner.namespace,
+            "labels": labels,
+            "ownerReferences": [owner.reference()],
+        },
+        "data": {HISTORY_KEY: text},
+    }
 
 
 def expired_versions(version: int, keep: int = KEEP_VERSIONS) -> list[int]:

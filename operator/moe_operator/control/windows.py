@@ -20,6 +20,7 @@ class Window:
     seq: int
     ended_at: float
     counts: FloatArray
+    restored: bool = False  # an aggregated bucket from before an operator restart: plans, never scores
 
 
 def parse_windows(instance: str, answer: dict[str, Any], shape: tuple[int, int]) -> list[Window]:
@@ -52,6 +53,12 @@ class History:
             added += 1
         self.windows = deque(sorted(self.windows, key=lambda w: w.ended_at))
         return added
+
+    def restore(self, buckets: list[Window], cursors: dict[str, int]) -> None:
+        """Seed an empty history after an operator restart (keeps anything already collected)."""
+        for instance, seq in cursors.items():
+            self.cursors.setdefault(instance, seq)
+        self.windows = deque(sorted([*buckets, *self.windows], key=lambda w: w.ended_at))
 
     def forget_instance(self, instance: str) -> None:
         """A restarted runtime numbers its windows from 1 again: read it from the start."""

@@ -11,6 +11,7 @@ or broken pool costs no API writes after the first report.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import threading
@@ -27,9 +28,16 @@ from prometheus_client import Counter, Gauge, Histogram
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.derived import pool_layout, resolve_architecture, world_size
 from moe_operator.api.types import parse_duration
+from moe_operator.control import history_store
 from moe_operator.control.evaluate import Evaluation, Policy, PoolShape, evaluate
 from moe_operator.control.placement import document, trivial_map
-from moe_operator.control.publish import configmaps, expired_versions
+from moe_operator.control.publish import (
+    configmaps,
+    expired_versions,
+    history_configmap,
+    history_name,
+)
+from moe_operator.control.rollback import PAUSED
 from moe_operator.control.windows import History, parse_windows
 from moe_operator.handlers import runtime as rt
 from moe_operator.handlers.kube import KubeError
@@ -68,6 +76,7 @@ class PoolState:
     published_at: float | None = None
     evaluated_at: float | None = None
     loaded: bool = False
+    restored_buckets: int = 0  # load-history buckets read back from the history ConfigMap
 
 
 _states: dict[tuple[str, str, str], PoolState] = {}
@@ -84,19 +93,60 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _load(state: PoolState, status: dict[str, Any], namespace: str, cm_name: str, shape: PoolShape) -> None:
-    """After a restart: continue versions from status and the map from the live ConfigMap."""
+def _load(
+    state: PoolState, status: dict[str, Any], namespace: str, name: str, pool: str, shape: PoolShape
+) -> None:
+    """After a restart: versions from status, the load history from its own ConfigMap (the map: _sync_live)."""
     state.loaded = True
     state.version = int(status.get("version") or 0)
     state.published_at = _ts(status.get("updateTime"))
     state.evaluated_at = _ts(status.get("lastEvaluationTime"))
-    cm = rt.kube().get(f"/api/v1/namespaces/{namespace}/configmaps/{cm_name}")
-    if cm and "placement.json" in (cm.get("data") or {}):
-        doc = json.loads(cm["data"]["placement.json"])
+    stored = rt.kube().get(f"/api/v1/namespaces/{namespace}/configmaps/{history_name(name, pool)}")
+    text = ((stored or {}).get("data") or {}).get(history_store.KEY)
+    snap = history_store.decode(text, (shape.num_layers, shape.num_experts)) if text else None
+    if snap is not None:
+        state.history.restore(history_store.restored_windows(snap), snap.cursors)
+        state.restored_buckets = len(snap.keys)
+
+
+def _sync_live(state: PoolState, namespace: str, name: str, pool: str, shape: PoolShape) -> tuple[str, bool]:
+    """Read the live ConfigMap: the pause reason ('' when not paused) and whether a newer version,
+    published outside the loop (a rollback), was adopted. The first read after a start adopts too.
+    """
+    cm = rt.kube().get(f"/api/v1/namespaces/{namespace}/configmaps/{placement_config_name(name, pool)}")
+    if not cm:
+        return "", False
+    paused = str(((cm.get("metadata") or {}).get("annotations") or {}).get(PAUSED) or "")
+    try:
+        doc = json.loads((cm.get("data") or {}).get("placement.json") or "{}")
+        version = int(doc.get("version") or 0)
         arr = np.asarray(doc.get("physicalToLogicalMap"), dtype=np.int64)
-        if arr.shape == (shape.num_layers, shape.num_slots):
-            state.current, state.doc = arr, doc
-            state.version = max(state.version, int(doc.get("version") or 0))
+    except (ValueError, TypeError, AttributeError):
+        return paused, False
+    if state.current is not None and version <= state.version:
+        return paused, False
+    if arr.shape != (shape.num_layers, shape.num_slots):
+        return paused, False
+    adopted, generated = state.current is not None, None
+    state.current, state.doc, state.version = arr, doc, max(state.version, version)
+    # minInterval counts from the adopted version's publication (a rollback's time)
+    with contextlib.suppress(ValueError):
+        generated = _ts(str(doc.get("generatedAt") or ""))
+    if generated is not None:
+        state.published_at = max(state.published_at or 0.0, generated)
+    return paused, adopted
+
+
+def _save_history(owner: Owner, pool: str, state: PoolState, bucket_s: float, now: float) -> str:
+    """Store the history the next plan would use; returns a note for the message ('' when fine)."""
+    snap = history_store.snapshot(list(state.history.windows), bucket_s, state.history.cursors, now)
+    if snap is None:
+        return ""
+    try:
+        rt.kube().apply(history_configmap(owner, pool, history_store.encode(snap)))
+    except (ValueError, KubeError) as exc:
+        return f"; load history not stored: {exc}"[:300]
+    return ""
 
 
 def _shape(spec: MoEDeploymentSpec, pool_name: str) -> PoolShape | None:
@@ -124,9 +174,9 @@ def _token(namespace: str, name: str) -> str | None:
     return base64.b64decode(raw).decode().strip() if raw else None
 
 
-def _collect(state: PoolState, leaders: list[dict[str, Any]], shape: PoolShape) -> list[str]:
-    """Fetch new windows from every leader into the history; returns what failed."""
-    failed = []
+def _collect(state: PoolState, leaders: list[dict[str, Any]], shape: PoolShape) -> tuple[list[str], int]:
+    """Fetch new windows from every leader into the history; returns what failed and how many were new."""
+    failed, added = [], 0
     with httpx.Client(timeout=HTTP_TIMEOUT_S) as http:
         for pod in leaders:
             key = f"{pod['name']}/{pod['uid']}"
@@ -137,10 +187,10 @@ def _collect(state: PoolState, leaders: list[dict[str, Any]], shape: PoolShape) 
                 if int(answer.get("latest_seq") or 0) < after:  # the runtime restarted
                     state.history.forget_instance(key)
                     answer = http.get(url, params={"after": 0, "counts": "true"}).raise_for_status().json()
-                state.history.add(parse_windows(key, answer, (shape.num_layers, shape.num_experts)))
+                added += state.history.add(parse_windows(key, answer, (shape.num_layers, shape.num_experts)))
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 failed.append(f"{pod['name']}: {type(exc).__name__}")
-    return failed
+    return failed, added
 
 
 def _push(doc: dict[str, Any], leaders: list[dict[str, Any]], token: str, labels: list[str]) -> list[str]:
@@ -174,6 +224,8 @@ def _publish(owner: Owner, pool: str, state: PoolState, ev: Evaluation, now: flo
         "measuredBalancedness": round(ev.measured, 4),
         "predictedBalancedness": round(ev.predicted, 4),
         "movedExperts": ev.moved,
+        "historyBuckets": ev.history_buckets,
+        "restoredBuckets": ev.restored_buckets,
     }
     kube = rt.kube()
     for obj in configmaps(owner, pool, doc, provenance):
@@ -198,7 +250,7 @@ def evaluate_pool(
         state = _states.setdefault((namespace, name, pool), PoolState())
     labels = [namespace, name, pool]
     if not state.loaded:
-        _load(state, status, namespace, placement_config_name(name, pool), shape)
+        _load(state, status, namespace, name, pool, shape)
     now = time.time()
     if state.published_at is not None:
         AGE.labels(*labels).set(now - state.published_at)
@@ -210,8 +262,15 @@ def evaluate_pool(
     state.evaluated_at = now
     started = time.perf_counter()
     leaders = [p for p in pods if p["pool"] == pool and p["rank"] == 0 and p["ip"] and not p["deleting"]]
-    failed = _collect(state, leaders, shape)
+    paused, adopted = _sync_live(state, namespace, name, pool, shape)
+    if adopted:
+        kopf.event(
+            body, type="Normal", reason="PlacementAdopted",
+            message=f"{pool} v{state.version} was published outside the control loop (a rollback); it is now current",
+        )  # fmt: skip
+    failed, added = _collect(state, leaders, shape)
     state.history.prune(now, parse_duration(eplb.history))
+    owner = Owner(name, namespace, str(body.metadata.uid))
     current = state.current if state.current is not None else trivial_map(*_dims(shape))
     policy = Policy(
         mode=eplb.mode,
@@ -219,9 +278,14 @@ def evaluate_pool(
         max_moves=eplb.max_moved_experts_per_refresh,
         min_interval_s=parse_duration(eplb.min_interval),
         bucket_s=max(1.0, refresh / 4),
+        paused=paused,
     )
     out: dict[str, Any] = {"lastEvaluationTime": _iso(now)}
+    if state.doc is not None and status.get("version") != state.version:
+        out.update(version=state.version, updateTime=state.doc.get("generatedAt"))
     note = f"; unreachable: {', '.join(failed)}" if failed else ""
+    if added:
+        note += _save_history(owner, pool, state, policy.bucket_s, now)
     since_publish = None if state.published_at is None else now - state.published_at
     try:
         ev = evaluate(list(state.history.windows), current, shape, policy, since_publish, now - 2 * refresh)
@@ -236,8 +300,20 @@ def evaluate_pool(
     BALANCE.labels(*labels, "predicted").set(ev.predicted)
     out["measuredBalancedness"] = round(ev.measured, 3)
     message = ev.decision.message
-    if ev.decision.publish:
-        doc = _publish(Owner(name, namespace, str(body.metadata.uid)), pool, state, ev, now)
+    if ev.restored_buckets:
+        message += (
+            f"; planned on {ev.history_buckets} load buckets, {ev.restored_buckets} restored after a restart"
+        )
+    publish = ev.decision.publish
+    if publish:
+        # Planning takes seconds: a rollback published meanwhile wins (and numbers stay unique).
+        paused_now, adopted_now = _sync_live(state, namespace, name, pool, shape)
+        if paused_now or adopted_now:
+            publish = False
+            message = f"v{state.version} was published meanwhile (rollback); the new plan is dropped"
+            out.update(version=state.version, updateTime=(state.doc or {}).get("generatedAt"))
+    if publish:
+        doc = _publish(owner, pool, state, ev, now)
         REBALANCES.labels(*labels).inc()
         VERSION.labels(*labels).set(state.version)
         out.update(
@@ -252,7 +328,7 @@ def evaluate_pool(
         )
         logger.info(f"{pool}: published placement v{state.version}: {message}")
     else:
-        SKIPS.labels(*labels, ev.decision.reason).inc()
+        SKIPS.labels(*labels, "preempted" if ev.decision.publish else ev.decision.reason).inc()
     if eplb.mode == "operator" and state.doc is not None and leaders:
         token = _token(namespace, name)
         refused = (

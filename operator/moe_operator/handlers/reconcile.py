@@ -35,7 +35,7 @@ from moe_operator.handlers.status_metrics import export_status
 from moe_operator.handlers.wakeups import Wakeups
 from moe_operator.lifecycle import GroupState, decide, formed, pool_may_roll, restarts_after
 from moe_operator.render import labels as L
-from moe_operator.render.children import render_children
+from moe_operator.render.children import placement_versions, render_children
 from moe_operator.render.group import Owner
 from moe_operator.render.shared import token_secret
 from moe_operator.topology.planner import plan_topology
@@ -155,7 +155,7 @@ def _reconcile(
             kube.create(token_secret(owner, secrets.token_urlsafe(32)))
 
         _claims[uid] = {n: spec.topology.gpus_per_node for p in plan.placements for n in p.nodes}
-        desired = render_children(spec, owner, plan, rt.settings())
+        desired = render_children(spec, owner, plan, rt.settings(), placement_versions(current_status))
         observed = {(c["kind"], c["name"]): c for c in children}
         stale: list[dict[str, Any]] = []
         for obj in desired:

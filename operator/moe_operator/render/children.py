@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.render import labels as L
-from moe_operator.render.engine import pools
+from moe_operator.render.engine import eplb_mode, pools
 from moe_operator.render.group import Owner, RuntimeSettings, instance_objects
 from moe_operator.render.shared import (
     engine_config_map,
@@ -18,21 +19,35 @@ from moe_operator.render.shared import (
 from moe_operator.topology.planner import TopologyPlan
 
 
+def placement_versions(status: Mapping[str, Any]) -> dict[str, int]:
+    """Published placement version per pool, from status.placement (written by the control loop)."""
+    placement = status.get("placement") or {}
+    return {
+        pool: int(p["version"]) for pool, p in placement.items() if isinstance(p, dict) and p.get("version")
+    }
+
+
 def render_children(
-    spec: MoEDeploymentSpec, owner: Owner, plan: TopologyPlan, settings: RuntimeSettings
+    spec: MoEDeploymentSpec,
+    owner: Owner,
+    plan: TopologyPlan,
+    settings: RuntimeSettings,
+    placement: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Desired children, each annotated with a hash of its content (unchanged hash: no write).
 
-    Instances that wait for capacity get no StatefulSet: never half a group.
+    Instances that wait for capacity get no StatefulSet: never half a group. ``placement``:
+    published placement versions per pool; in eplb mode static they are the boot placement.
     """
     objects: list[dict[str, Any]] = [*runtime_rbac(spec, owner)]
     for pool in pools(spec):
         config = engine_config_map(spec, owner, pool)
         objects += [config, pool_service(spec, owner, pool), pool_disruption_budget(owner, pool)]
         config_hash = L.content_hash(config["data"])
-        for placement in plan.placements:
-            if placement.pool == pool:
-                objects += instance_objects(spec, owner, pool, placement, settings, config_hash)
+        boot = (placement or {}).get(pool, 0) if eplb_mode(spec, pool) == "static" else 0
+        for instance in plan.placements:
+            if instance.pool == pool:
+                objects += instance_objects(spec, owner, pool, instance, settings, config_hash, boot)
     objects += router_objects(spec, owner)
     for obj in objects:
         annotations = obj["metadata"].setdefault("annotations", {})

@@ -19,6 +19,7 @@ RUNTIME_DIR = "/opt/moe-runtime"
 ENGINE_CONFIG_DIR = "/etc/moe/engine"
 PLACEMENT_DIR = "/etc/moe/placement"
 TOKEN_DIR = "/etc/moe/token"
+BOOT_PLACEMENT = f"{L.DOMAIN}/boot-placement-version"
 
 
 @dataclass(frozen=True)
@@ -205,14 +206,24 @@ def instance_objects(
     placement: Placement,
     settings: RuntimeSettings,
     engine_config_hash: str,
+    boot_placement: int = 0,
 ) -> list[dict[str, Any]]:
-    """The StatefulSet and headless Service of one instance."""
+    """The StatefulSet and headless Service of one instance.
+
+    ``boot_placement`` (eplb mode static): the placement version pods boot with. A new version
+    changes the template hash, so instances roll one at a time onto it (0: no annotation).
+    """
     name = L.instance_name(owner.name, pool, placement.index)
     selector = L.instance_selector(owner.name, pool, placement.index)
     labels = {**L.base_labels(owner.name, pool), **selector, L.DEPLOYMENT_UID: owner.uid}
     pod_spec = pod_template(spec, owner, pool, placement, settings)
     # Engine config changes reach pods through a new template hash (a rolling group restart).
-    template_hash = L.content_hash({"pod": pod_spec, "engine": engine_config_hash})
+    hashed: dict[str, Any] = {"pod": pod_spec, "engine": engine_config_hash}
+    template_annotations: dict[str, str] = {}
+    if boot_placement:
+        hashed["bootPlacement"] = boot_placement
+        template_annotations[BOOT_PLACEMENT] = str(boot_placement)
+    template_hash = L.content_hash(hashed)
     nnodes = pool_layout(pools(spec)[pool], spec.topology).nodes
     sts = {
         "apiVersion": "apps/v1",
@@ -243,7 +254,10 @@ def instance_objects(
             "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {"labels": labels, "annotations": {L.TEMPLATE_HASH: template_hash}},
+                "metadata": {
+                    "labels": labels,
+                    "annotations": {L.TEMPLATE_HASH: template_hash, **template_annotations},
+                },
                 "spec": pod_spec,
             },
         },

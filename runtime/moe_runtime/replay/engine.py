@@ -86,6 +86,9 @@ class ReplayEngine:
         self.passes = 0
         self.rebalances = 0
         self.last_decision: eplb_hook.Decision | None = None
+        self.shifts = 0
+        self._pending_shift: int | None = None
+        self._shift_lock = threading.Lock()
         self._stop = threading.Event()
 
     def _shares(self, phy2log: IntArray) -> FloatArray:
@@ -101,8 +104,19 @@ class ReplayEngine:
         self.phy2log = phy2log
         self.shares = self._shares(phy2log)
 
+    def request_shift(self, seed: int) -> None:
+        """Shift the traffic mix before the next pass (test/demo facility; see StreamingTrace.shift)."""
+        with self._shift_lock:
+            self._pending_shift = seed
+
     def step(self) -> float:
         """One forward pass; returns its balancedness as SGLang would report it."""
+        with self._shift_lock:
+            seed, self._pending_shift = self._pending_shift, None
+        if seed is not None:  # applied here, in the replay thread, so a pass never sees half a shift
+            self.trace.shift(seed)
+            self.shifts += 1
+            log.info("traffic shifted (seed %d)", seed)
         counts = self.trace.next_pass()
         gpu = gpu_loads(counts, self.phy2log, self.shares, self.opts.num_gpus)
         bal = float(balancedness(gpu).mean())

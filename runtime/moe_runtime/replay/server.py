@@ -26,6 +26,7 @@ from moe_runtime.launcher import init_location
 from moe_runtime.replay.engine import ReplayEngine, ReplayOptions
 from moe_runtime.replay.sglang_metrics import SGLangMetrics
 from moe_runtime.replay.trace import TraceConfig
+from moe_runtime.sidecar.app import TOKEN_KEY
 from moe_runtime.sidecar.service import Sidecar, SidecarOptions
 from moe_runtime.sidecar.state import EngineLayout
 
@@ -185,6 +186,7 @@ async def serve(args: argparse.Namespace) -> int:
             {
                 "passes": engine.passes,
                 "rebalances": engine.rebalances,
+                "shifts": engine.shifts,
                 "last_decision": {"source": d.source, "version": d.version, "reason": d.reason}
                 if d
                 else None,
@@ -198,11 +200,30 @@ async def serve(args: argparse.Namespace) -> int:
             }
         )
 
+    async def replay_shift(request: web.Request) -> web.Response:
+        """Test/demo facility: move the hot experts (same bearer token as placement pushes)."""
+        allowed, why = request.app[TOKEN_KEY].check(request.headers.get("Authorization"))
+        if not allowed:
+            status = 503 if why.startswith("writes are disabled") else 401
+            return web.json_response({"error": why}, status=status, headers={"WWW-Authenticate": "Bearer"})
+        try:
+            body: Any = await request.json() if request.can_read_body else {}
+        except ValueError:
+            return web.json_response({"error": "body must be JSON"}, status=400)
+        seed = body.get("seed") if isinstance(body, dict) else None
+        if seed is None:
+            seed = opts.trace.seed + 1000 * (engine.shifts + 1)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            return web.json_response({"error": "seed must be a non-negative integer"}, status=400)
+        engine.request_shift(seed)
+        return web.json_response({"seed": seed, "shifts_before": engine.shifts})
+
     sidecar.add_routes(
         [
             web.get("/health", health),
             web.get("/health_generate", health),
             web.get("/v1/replay", replay_status),
+            web.post("/v1/replay/shift", replay_shift),
         ]
     )
     await sidecar.start()

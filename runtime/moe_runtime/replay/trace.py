@@ -62,6 +62,18 @@ class StreamingTrace:
             scale = c.expert_jitter * np.sqrt(1 - self.jitter_decay**2)
             self.jitter = self.jitter_decay * self.jitter + rng.standard_normal(self.jitter.shape) * scale
 
+    def shift(self, seed: int) -> None:
+        """Move every domain's hot experts elsewhere (a per-layer permutation of expert ids).
+
+        A test and demo facility: the traffic suddenly stops fitting any placement planned
+        for it, as when a new workload lands, while its skew stays the same.
+        """
+        rng = np.random.default_rng(seed)
+        for layer in range(self.config.num_layers):
+            perm = rng.permutation(self.config.num_experts)
+            self.popularity[:, layer] = self.popularity[:, layer, perm]
+            self.jitter[layer] = self.jitter[layer, perm]
+
     def next_pass(self) -> IntArray:
         """Counts [dense + MoE layers, E] of one forward pass (tokens x top_k per MoE layer)."""
         c = self.config

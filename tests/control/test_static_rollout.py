@@ -1,0 +1,107 @@
+"""eplb mode static: a new placement version reaches engines by rolling instances one at a time."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.lifecycle import GroupState, PodState, decide, pool_may_roll
+from moe_operator.render.children import placement_versions, render_children
+from moe_operator.render.group import BOOT_PLACEMENT, Owner, RuntimeSettings
+from moe_operator.topology.planner import Placement, TopologyPlan
+
+REPO = Path(__file__).resolve().parents[2]
+OWNER = Owner("m", "ns", "uid-1")
+
+
+def spec(mode: str) -> MoEDeploymentSpec:
+    obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-gb200.yaml").read_text())
+    obj["spec"].pop("prefill")
+    obj["spec"]["decode"].update({"replicas": 2, "nodesPerReplica": 4, "attentionDataParallel": 16})
+    obj["spec"]["eplb"].update({"mode": mode, "redundantExperts": 16})
+    return MoEDeploymentSpec.model_validate(obj["spec"])
+
+
+PLAN = TopologyPlan(
+    placements=tuple(
+        Placement(
+            "decode",
+            i,
+            "nvlink",
+            "nvidia.com/gpu.clique",
+            f"clique-{i}",
+            tuple(f"n{i}-{r}" for r in range(4)),
+        )
+        for i in range(2)
+    ),
+    waiting=(),
+)
+
+
+def templates(mode: str, status: dict[str, Any]) -> list[dict[str, Any]]:
+    objs = render_children(spec(mode), OWNER, PLAN, RuntimeSettings(), placement_versions(status))
+    return [o["spec"]["template"]["metadata"]["annotations"] for o in objs if o["kind"] == "StatefulSet"]
+
+
+def status(version: int) -> dict[str, Any]:
+    return {"placement": {"decode": {"version": version, "message": "x"}}} if version else {}
+
+
+def test_static_mode_pods_carry_the_boot_placement_and_a_new_version_changes_the_template() -> None:
+    v3, v4, none = templates("static", status(3)), templates("static", status(4)), templates("static", {})
+    assert [t[BOOT_PLACEMENT] for t in v3] == ["3", "3"]
+    assert BOOT_PLACEMENT not in none[0]
+    h = "moe.inference.dev/template-hash"
+    assert v3[0][h] != v4[0][h] and v3[0][h] != none[0][h]  # a new version is a new template: it rolls
+
+
+def test_online_modes_never_restart_pods_for_a_placement() -> None:
+    for mode in ("operator", "engine"):
+        v3, v4, none = templates(mode, status(3)), templates(mode, status(4)), templates(mode, {})
+        assert v3 == v4 == none  # pushed online (or left to the engine): same template, no restart
+        assert BOOT_PLACEMENT not in v3[0]
+
+
+def test_a_new_static_placement_rolls_one_instance_at_a_time() -> None:
+    """The reconciler's existing RollingOut logic does the rest: one instance, then the next."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    old = templates("static", status(3))[0]["moe.inference.dev/template-hash"]
+    new = templates("static", status(4))[0]["moe.inference.dev/template-hash"]
+
+    def group(index: int, pod_hash: str, ready: bool = True) -> GroupState:
+        pods = tuple(
+            PodState(
+                f"m-decode-{index}-{r}",
+                f"u{index}{r}",
+                r,
+                "Running",
+                ready,
+                0,
+                now,
+                pod_hash,
+                f"n{index}-{r}",
+            )
+            for r in range(4)
+        )
+        return GroupState("decode", index, 4, new, now, 0, pods, frozenset(p.uid for p in pods))
+
+    groups = [group(0, old), group(1, old)]
+    may_roll = pool_may_roll(groups)
+    first = decide(groups[0], now, may_roll)
+    assert (first.action, first.reason) == ("restart", "RollingOut")
+    # instance 0 restarting (not ready): instance 1 waits
+    rolling = [group(0, new, ready=False), group(1, old)]
+    assert decide(rolling[1], now, pool_may_roll(rolling)).action == "none"
+    # instance 0 back on the new placement: instance 1 rolls
+    done = [group(0, new), group(1, old)]
+    assert decide(done[1], now, pool_may_roll(done)).reason == "RollingOut"
+
+
+def test_placement_versions_reads_status() -> None:
+    st = {"placement": {"decode": {"version": 7}, "prefill": {"message": "no windows"}}}
+    assert placement_versions(st) == {"decode": 7}
+    assert placement_versions({}) == {}
