@@ -126,6 +126,10 @@ def test_windows_from_the_plugin_spool(tmp_path: Path) -> None:
     async def run() -> None:
         async with sidecar(tmp_path) as (side, c):
             base = side.opts.state_dir
+            before = (await c.get("/metrics")).text
+            # No window yet: no whole-placement gauge (a 0 would fire the imbalance alerts).
+            assert metric(before, "moe_runtime_balancedness") is None
+            assert metric(before, "moe_runtime_max_mean_ratio") is None
             counts = np.zeros((3, 8), dtype=np.int64)
             counts[1:] = [[40, 10, 10, 10, 10, 10, 5, 5], [20] * 8]
             for i in range(3):
@@ -161,6 +165,8 @@ def test_windows_from_the_plugin_spool(tmp_path: Path) -> None:
                 3.2
             )  # 40/100*8
             assert 'moe_runtime_placement_applied_source{source="trivial"} 1.0' in metrics
+            assert metric(metrics, "moe_runtime_balancedness") is not None
+            assert metric(metrics, "moe_runtime_max_mean_ratio_max") == pytest.approx(50 / 40)
 
             # the plugin applies a map: the sidecar re-scores the latest window with it
             assert metric(metrics, "moe_runtime_layer_balancedness", layer="1") == pytest.approx(25 / 30)

@@ -79,7 +79,9 @@ class PoolState:
     restored_buckets: int = 0  # load-history buckets read back from the history ConfigMap
 
 
-_states: dict[tuple[str, str, str], PoolState] = {}
+# (namespace, name, uid, pool): a deployment re-created under the same name starts afresh
+# (its placement ConfigMaps were garbage-collected with the old object).
+_states: dict[tuple[str, str, str, str], PoolState] = {}
 _lock = threading.Lock()
 
 
@@ -247,7 +249,7 @@ def evaluate_pool(
         return None
     status = dict(((body.get("status") or {}).get("placement") or {}).get(pool) or {})
     with _lock:
-        state = _states.setdefault((namespace, name, pool), PoolState())
+        state = _states.setdefault((namespace, name, str(body.metadata.uid), pool), PoolState())
     labels = [namespace, name, pool]
     if not state.loaded:
         _load(state, status, namespace, name, pool, shape)
@@ -382,3 +384,13 @@ def control_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwa
             updates[pool] = fields
     if updates:
         patch.status["placement"] = updates
+
+
+@kopf.on.event(GROUP, RESOURCE)
+def forget_deleted(event: kopf.RawEvent, **_: Any) -> None:
+    """Drop a deleted deployment's pool states (kept otherwise for the life of the process)."""
+    if event.get("type") == "DELETED":
+        uid = str(event["object"]["metadata"].get("uid"))
+        with _lock:
+            for key in [k for k in _states if k[2] == uid]:
+                del _states[key]

@@ -56,23 +56,15 @@ class RuntimeMetrics:
             ["layer"],
             registry=r,
         )
-        self.bal = Gauge(P + "balancedness", "Mean over MoE layers of layer balancedness.", registry=r)
-        self.bal_min = Gauge(P + "balancedness_min", "Worst layer's balancedness.", registry=r)
-        self.max_mean = Gauge(P + "max_mean_ratio", "Mean over MoE layers of max/mean GPU load.", registry=r)
-        self.max_mean_max = Gauge(P + "max_mean_ratio_max", "Worst layer's max/mean GPU load.", registry=r)
-        self.hottest = Gauge(
-            P + "hottest_expert_share",
-            "Largest share of a layer's assignments taken by one expert.",
-            registry=r,
-        )
-        self.hottest_fair = Gauge(
-            P + "hottest_expert_fair_share_ratio", "Hottest expert's share / fair share (1/E).", registry=r
-        )
+        # Whole-placement gauges appear only after the first evaluation: a 0 before any window
+        # would read as "perfectly imbalanced" and fire the imbalance alerts.
+        self.last_evaluation: Evaluation | None = None
         self.pushes = Counter(P + "placement_pushes", "Placement pushes by result.", ["result"], registry=r)
         self.errors = Counter(P + "sidecar_errors", "Sidecar errors by stage.", ["stage"], registry=r)
         for result in ("accepted", "refreshed", "rejected", "unauthorized"):
             self.pushes.labels(result)
         r.register(_DynamicCollector(state))
+        r.register(_EvaluationCollector(self))
 
     def observe_window(self, window: Window, evaluation: Evaluation | None) -> None:
         rec = window.record
@@ -95,12 +87,7 @@ class RuntimeMetrics:
         ):
             self.layer_bal.labels(str(layer)).set(bal)
             self.layer_max_mean.labels(str(layer)).set(mm)
-        self.bal.set(float(ev.balancedness.mean()))
-        self.bal_min.set(float(ev.balancedness.min()))
-        self.max_mean.set(float(ev.max_mean.mean()))
-        self.max_mean_max.set(float(ev.max_mean.max()))
-        self.hottest.set(ev.hottest_share)
-        self.hottest_fair.set(ev.hottest_fair_ratio)
+        self.last_evaluation = ev
 
 
 class _DynamicCollector(Collector):
@@ -169,3 +156,33 @@ class _DynamicCollector(Collector):
             "Last planner run inside the hook.",
             value=float(last.get("planner_seconds", 0.0)),
         )
+
+
+class _EvaluationCollector(Collector):
+    """The latest evaluation's whole-placement gauges; nothing until there is one."""
+
+    def __init__(self, metrics: RuntimeMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        ev = self.metrics.last_evaluation
+        if ev is None:
+            return
+        values = (
+            ("balancedness", "Mean over MoE layers of layer balancedness.", float(ev.balancedness.mean())),
+            ("balancedness_min", "Worst layer's balancedness.", float(ev.balancedness.min())),
+            ("max_mean_ratio", "Mean over MoE layers of max/mean GPU load.", float(ev.max_mean.mean())),
+            ("max_mean_ratio_max", "Worst layer's max/mean GPU load.", float(ev.max_mean.max())),
+            (
+                "hottest_expert_share",
+                "Largest share of a layer's assignments taken by one expert.",
+                ev.hottest_share,
+            ),
+            (
+                "hottest_expert_fair_share_ratio",
+                "Hottest expert's share / fair share (1/E).",
+                ev.hottest_fair_ratio,
+            ),
+        )
+        for name, doc, value in values:
+            yield GaugeMetricFamily(P + name, doc, value=value)
