@@ -329,6 +329,38 @@ class Sandbox:
         # Pods cannot be admitted before the controller-manager has made the default ServiceAccount.
         self._wait("kube-controller-manager", self._default_service_account_exists, 60)
 
+    def restart_apiserver(self, downtime: float = 0.0, grace: float = 5.0, log: Log = print) -> float:
+        """Stop kube-apiserver alone and start it again with the very same command line (chaos
+        tests: clients must re-watch); returns the seconds from the stop until it is ready again.
+        SIGTERM, then SIGKILL after `grace` s: draining its watches would take it 30 s or more."""
+        pid = self.pid("kube-apiserver")
+        if pid is None:
+            raise SandboxError("kube-apiserver is not running")
+        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+        started = time.monotonic()
+        log(f"stopping kube-apiserver (pid {pid})")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            log(f"kube-apiserver still draining after {grace:.0f}s; SIGKILL")
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _reap(pid)
+        while _port_open(self.ports.apiserver) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        log(f"kube-apiserver stopped after {time.monotonic() - started:.1f}s")
+        time.sleep(downtime)
+        log("starting kube-apiserver")
+        self._start("kube-apiserver", argv)
+        self._wait("kube-apiserver", self._apiserver_ready, 90)
+        return time.monotonic() - started
+
     def _write_audit_policy(self) -> Path:
         """Audit writes only (metadata level), so tests can count what a client changed."""
         policy = {

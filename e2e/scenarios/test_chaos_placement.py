@@ -1,0 +1,136 @@
+"""Chaos: a runtime refuses placement pushes. The operator must keep that runtime's old placement,
+count and report the refusal, leave everything else alone, and recover once pushes work again."""
+
+from __future__ import annotations
+
+import base64
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2e_moe import (
+    Recovery,
+    engine_pods,
+    events,
+    get_moed,
+    identity,
+    is_ready,
+    metric,
+    moed_path,
+    qwen3,
+    wait_ready,
+)
+from e2e_target import Target
+
+from moe_operator.sandbox.testing import wait_for
+
+pytestmark = pytest.mark.cluster
+
+REFRESH_S = 10
+SIDECAR = 9400
+
+
+def _replay(ip: str, token_file: Path, log: Path) -> subprocess.Popen[bytes]:
+    """The replay runtime (the real sidecar API over a simulated engine) on a leader pod's IP."""
+    args = [
+        sys.executable, "-m", "moe_runtime.cli", "replay", "--host", ip, "--port", str(SIDECAR),
+        "--model", "qwen3-30b-a3b", "--gpus", "8", "--gpus-per-node", "8", "--redundant", "8",
+        "--rebalance-iterations", "40", "--pass-interval", "0.01", "--tokens-per-pass", "1024",
+        "--planner", "off", "--token-file", str(token_file), "--role", "decode",
+    ]  # fmt: skip
+    return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+
+
+def _held(ip: str) -> int | None:
+    try:
+        v = httpx.get(f"http://{ip}:{SIDECAR}/v1/placement", timeout=2).json().get("version")
+    except (httpx.HTTPError, ValueError):
+        return None
+    return int(v) if v is not None else None
+
+
+def _placement(api: httpx.Client, namespace: str, name: str) -> dict[str, Any]:
+    st = get_moed(api, namespace, name).get("status") or {}
+    out: dict[str, Any] = (st.get("placement") or {}).get("decode") or {}
+    return out
+
+
+@pytest.mark.sandbox_only("serves replay runtimes on the simulated pods' loopback IPs")
+def test_refused_push_keeps_old_placement_and_says_so(
+    api: httpx.Client, deployed: str, target: Target, recovery: Recovery, tmp_path: Path
+) -> None:
+    _, operator = target.require_sandbox()
+    obj = qwen3(
+        2, refreshInterval=f"{REFRESH_S}s", minInterval=f"{REFRESH_S}s", history="2m", minImprovement=0.02
+    )
+    name = obj["metadata"]["name"]
+    assert api.post(moed_path(deployed), json=obj).status_code == 201
+    wait_ready(api, deployed, name)
+    leaders = sorted(
+        engine_pods(api, deployed, name), key=lambda p: p["metadata"]["labels"]["moe.inference.dev/instance"]
+    )
+    assert len(leaders) == 2
+    ips = [p["status"]["podIP"] for p in leaders]
+    bad_pod = leaders[1]["metadata"]["name"]
+    secret = api.get(f"/api/v1/namespaces/{deployed}/secrets/{name}-runtime-token").json()
+    token = base64.b64decode(secret["data"]["token"])
+    tokens = [tmp_path / "token-0", tmp_path / "token-1"]
+    for t in tokens:
+        t.write_bytes(token)
+    procs = [_replay(ip, tokens[i], tmp_path / f"replay-{i}.log") for i, ip in enumerate(ips)]
+    try:
+        wait_for(
+            lambda: all((_held(ip) or 0) >= 1 for ip in ips),
+            9 * REFRESH_S,
+            interval=1,
+            what="both runtimes on v1+",
+        )
+        old = _held(ips[1])
+        pods = identity(engine_pods(api, deployed, name))
+
+        # Runtime 1 starts refusing every push (its token no longer matches the operator's Secret).
+        tokens[1].write_text("not-the-operator-token")
+        broke = time.monotonic()
+
+        def reported() -> dict[str, Any] | None:
+            p = _placement(api, deployed, name)
+            msg = p.get("message", "")
+            return p if "push refused" in msg and bad_pod in msg and "HTTP 401" in msg else None
+
+        refused = wait_for(reported, 9 * REFRESH_S, interval=1, what="the refusal in status.placement")
+        recovery.record("refusal reported in status.placement.decode", time.monotonic() - broke)
+        # The refusing runtime keeps the placement it had; the other one has the operator's current one.
+        assert _held(ips[1]) == old
+        assert (_held(ips[0]) or 0) >= refused["version"]
+        assert f"{leaders[0]['metadata']['name']}:" not in refused["message"].split("push refused", 1)[1]
+        text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).text
+        labels = {"namespace": deployed, "deployment": name, "pool": "decode"}
+        assert metric(text, "moe_operator_rebalance_failures_total", reason="push_refused", **labels) >= 1
+        assert metric(text, "moe_operator_placement_pushes_total", result="http_401", **labels) >= 1
+        runtime_text = httpx.get(f"http://{ips[1]}:{SIDECAR}/metrics", timeout=5).text
+        assert metric(runtime_text, "moe_runtime_placement_pushes_total", result="unauthorized") >= 1
+        # Nothing else changed: same engine pods, still Ready, no group restarts.
+        assert identity(engine_pods(api, deployed, name)) == pods
+        assert is_ready(get_moed(api, deployed, name))
+        assert not events(api, deployed, "GroupRestarting")
+
+        tokens[1].write_bytes(token)
+        fixed = time.monotonic()
+
+        def recovered() -> bool:
+            p = _placement(api, deployed, name)
+            return "push refused" not in p.get("message", "") and _held(ips[1]) == p.get("version")
+
+        wait_for(recovered, 9 * REFRESH_S, interval=1, what="runtime 1 accepting pushes again")
+        recovery.record("runtime 1 holds the current placement again", time.monotonic() - fixed)
+        assert identity(engine_pods(api, deployed, name)) == pods
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(10)
