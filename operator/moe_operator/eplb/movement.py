@@ -1,6 +1,7 @@
 """Decide, layer by layer, how far to move from the current placement.
 
-Three candidates per layer: keep it, improve it in place with few moves (incremental),
+Four candidates per layer: keep it, improve it in place with few moves (incremental),
+re-pack it toward the forecast's copy counts within an even share of the budget (guided),
 or take the fresh plan relabelled to share as many slots as possible with it (matching).
 They are compared on the forecast scenarios under the real dispatch rule; a layer changes
 only when its predicted gain clears ``min_layer_gain`` (hysteresis: small gains are not
@@ -10,9 +11,12 @@ worth the weight transfers and the stall), and all layers together stay within
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .forecast import Forecast
+from .guided import guided_rows
 from .incremental import improve
 from .layout import BoolArray, FloatArray, IntArray, Layout
 from .matching import match_to_current
@@ -40,9 +44,14 @@ def respect_current(
 ) -> tuple[IntArray, BoolArray]:
     """Final map [L, P] and which layers changed."""
     incremental = improve_current(current, fc, layout, dispatch, max_moves)
+    rows = layout.num_layers * (layout.num_nodes if layout.hierarchical else 1)
+    share = None if max_moves is None else max_moves // rows  # guided_rows budgets each row
+    guided = current  # with one slot per GPU, incremental already exchanges copies exactly
+    if layout.slots_per_gpu > 1:
+        guided = improve_current(current, fc, layout, dispatch, share, solver=guided_rows)
     matched = match_to_current(fresh, current, layout, dispatch)
-    options = np.stack([current, incremental, matched])  # [3, L, P]
-    obj = np.stack([expected_imbalance(m, fc, layout, dispatch) for m in options])  # [3, L]
+    options = np.stack([current, incremental, guided, matched])  # [4, L, P]
+    obj = np.stack([expected_imbalance(m, fc, layout, dispatch) for m in options])  # [4, L]
     cost = (options != current[None]).sum(axis=2).astype(float)
     layers = np.arange(layout.num_layers)
     if max_moves is None:
@@ -51,12 +60,17 @@ def respect_current(
     else:
         choice = np.where(obj[1] < obj[0], 1, 0)
         spent = float(cost[choice, layers].sum())
-        extra = cost[2] - cost[choice, layers]
-        gain = obj[choice, layers] - obj[2]
-        for layer in np.argsort(-(gain / np.maximum(extra, 1.0)), kind="stable"):
-            if gain[layer] > 0 and spent + extra[layer] <= max_moves:
-                spent += extra[layer]
-                choice[layer] = 2
+        # upgrades (layer, option), best gain per extra move first, against the first choice
+        opts = np.array([2, 3])
+        gain = obj[choice, layers][None, :] - obj[opts]  # [2, L]
+        extra = cost[opts] - cost[choice, layers][None, :]
+        order = np.argsort(-(gain / np.maximum(extra, 1.0)).ravel(), kind="stable")
+        for k in order:
+            o, layer = opts[k // layout.num_layers], k % layout.num_layers
+            more = cost[o, layer] - cost[choice[layer], layer]
+            if obj[o, layer] < obj[choice[layer], layer] and spent + more <= max_moves:
+                spent += more
+                choice[layer] = o
     base = obj[0]
     rel_gain = (base - obj[choice, layers]) / np.maximum(base, 1e-300)
     keep = (rel_gain < min_layer_gain) | (rel_gain <= 0)
@@ -65,10 +79,18 @@ def respect_current(
     return final, (final != current).any(axis=1)
 
 
+RowSolver = Callable[[IntArray, FloatArray, FloatArray, Bins, "int | None"], IntArray]
+
+
 def improve_current(
-    current: IntArray, fc: Forecast, layout: Layout, dispatch: str, budget: int | None
+    current: IntArray,
+    fc: Forecast,
+    layout: Layout,
+    dispatch: str,
+    budget: int | None,
+    solver: RowSolver = improve,
 ) -> IntArray:
-    """Incremental improvement of ``current`` within the placement rules (see placement.py)."""
+    """Improve ``current`` with ``solver`` (on rows of GPUs) within the placement rules (see placement.py)."""
     num_layers = layout.num_layers
     mean, scen = fc.mean, fc.scenarios.transpose(1, 0, 2)
     slots, per_node, nodes = layout.slots_per_gpu, layout.gpus_per_node, layout.num_nodes
@@ -76,7 +98,7 @@ def improve_current(
         by_node = dispatch == "static" and nodes > 1
         domain = np.arange(layout.num_gpus) // per_node if by_node else np.arange(layout.num_gpus)
         state = current.reshape(num_layers, layout.num_gpus, slots)
-        out = improve(state, scen, mean, Bins(layout.num_gpus, slots, domain), budget)
+        out = solver(state, scen, mean, Bins(layout.num_gpus, slots, domain), budget)
         return out.reshape(num_layers, -1)
     # hierarchical: improve inside each node, on layers whose groups sit whole on one node
     size = layout.num_experts // layout.num_groups
@@ -109,7 +131,7 @@ def improve_current(
         axis=2,
     )
     bins = Bins(per_node, slots, np.arange(per_node))
-    better = improve(state_local, row_scen, row_mean, bins, budget)
+    better = solver(state_local, row_scen, row_mean, bins, budget)
     glob = np.take_along_axis(experts, better.reshape(idx.size * nodes, -1), axis=1)
     out[idx] = glob.reshape(idx.size, -1)
     return out
