@@ -167,8 +167,15 @@ def run_round(
         counts[owner] = counts.get(owner, 0) + 1
     to_children = [last_child[k] - created[k] for k in last_child]
     to_ready = [ready[k] - created[k] for k in ready]
+    # A StatefulSet changed after creation means an instance was re-planned (and restarted).
+    replanned = sum(
+        1
+        for sts in api.get(f"/apis/apps/v1/namespaces/{ns}/statefulsets").json()["items"]
+        if sts["metadata"].get("generation", 1) > 1
+    )
     api.delete(f"/api/v1/namespaces/{ns}")
     return {
+        "replanned": replanned,
         "n": n,
         "children": statistics.median(counts.values()),
         "children_p50": statistics.median(to_children),
@@ -239,7 +246,7 @@ def main() -> int:
                 f"\nreconciler benchmark: {nodes} simulated GPU nodes, single-node Qwen3-30B-A3B deployments"
             )
             print(f"{'conc':>4} {'N':>4} {'objects':>8} {'children p50':>13} {'p99':>7} {'Ready p50':>10} {'p99':>7} "
-                  f"{'ready':>6} {'req/deploy':>11} {'idle req/30s':>13} {'RSS MB':>7}")  # fmt: skip
+                  f"{'ready':>6} {'replanned':>9} {'req/deploy':>11} {'idle req/30s':>13} {'RSS MB':>7}")  # fmt: skip
             for concurrency in variants:
                 proc = start_operator(box, work, args.port_base, concurrency)
                 try:
@@ -251,7 +258,7 @@ def main() -> int:
                         print(
                             f"{concurrency:>4} {n:>4} {r['children']:>8.0f} {r['children_p50']:>12.2f}s "
                             f"{r['children_p99']:>6.2f}s {r['ready_p50']:>9.2f}s {r['ready_p99']:>6.2f}s "
-                            f"{int(r['ready']):>6} {r['requests_per_deployment']:>11.1f} "
+                            f"{int(r['ready']):>6} {int(r['replanned']):>9} {r['requests_per_deployment']:>11.1f} "
                             f"{r['idle_requests']:>13.0f} {r['rss_mb']:>7.1f}",
                             flush=True,
                         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 BACKOFF_BASE_S = 10.0
@@ -96,10 +96,13 @@ def decide(group: GroupState, now: datetime, may_roll: bool) -> GroupDecision:
     if reason is not None:
         wait = backoff_seconds(group.restarts) - (now - group.epoch).total_seconds()
         if wait > 0 and not group.moved:
+            # An absolute time, not a countdown: the message (and so the status) stays the same
+            # on every reconcile of the wait, instead of a status patch and an event per tick.
+            at = (group.epoch + timedelta(seconds=backoff_seconds(group.restarts))).strftime("%H:%M:%SZ")
             return GroupDecision(
                 "wait",
                 "RestartBackoff",
-                f"{group.pool} instance {group.index}: {reason}; restarting the whole group in {wait:.0f}s "
+                f"{group.pool} instance {group.index}: {reason}; restarting the whole group at {at} "
                 f"(restart {group.restarts + 1}, exponential backoff)",
                 retry_in=wait,
             )

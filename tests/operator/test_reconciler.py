@@ -398,3 +398,27 @@ def test_scale_subresource_and_hpa_scale_the_decode_pool(api: httpx.Client, depl
         assert status.get("desiredReplicas") == 3, status
     finally:
         api.delete(f"{hpa_path}/scaled-decode")
+
+
+def test_a_burst_of_deployments_gets_disjoint_nodes_without_replanning(
+    api: httpx.Client, deployed: str
+) -> None:
+    """Many deployments applied at once are planned one after another: none takes another's nodes,
+    so none is moved (and restarted) on a later reconcile."""
+    names = [f"burst-{i:02d}" for i in range(10)]
+    for name in names:
+        obj = example("qwen3-30b-a3b-single-node.yaml")
+        obj["metadata"]["name"] = name
+        assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
+    for name in names:
+        wait_ready(api, deployed, name, timeout=180)
+    time.sleep(6)  # at least one more periodic reconcile of every deployment
+    pods = [p for name in names for p in engine_pods(api, deployed, name)]
+    nodes = [p["spec"]["nodeName"] for p in pods]
+    assert len(pods) == len(names), [p["metadata"]["name"] for p in pods]
+    assert len(set(nodes)) == len(names), f"two deployments share a node: {sorted(nodes)}"
+    stss = api.get(f"/apis/apps/v1/namespaces/{deployed}/statefulsets").json()["items"]
+    replanned = [s["metadata"]["name"] for s in stss if s["metadata"]["generation"] != 1]
+    assert not replanned, f"re-planned after creation: {replanned}"
+    for name in names:
+        api.delete(moed_path(deployed, name))

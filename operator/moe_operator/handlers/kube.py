@@ -186,6 +186,14 @@ class Kube:
         if resp.status_code != 404:
             self._check(resp)
 
+    def delete_pod(self, namespace: str, name: str, grace_period_s: int) -> None:
+        resp = self._http.delete(
+            f"{collection_path('v1', 'Pod', namespace)}/{name}",
+            params={"gracePeriodSeconds": str(grace_period_s)},
+        )
+        if resp.status_code != 404:
+            self._check(resp)
+
     def delete_pods(self, namespace: str, selector: dict[str, str]) -> None:
         """Delete every pod matching the selector in one request (a whole group at once)."""
         label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))

@@ -114,7 +114,7 @@ def compute_status(
     current: Mapping[str, Any],
     plan: TopologyPlan,
     groups: Sequence[GroupState],
-    restarting: Mapping[tuple[str, int], str],
+    restarting: Mapping[tuple[str, int], tuple[str, str]],
     router_status: Mapping[str, Any] | None,
     now: datetime,
 ) -> dict[str, Any]:
@@ -151,8 +151,7 @@ def compute_status(
         ready_c = ("False", "WaitingForCapacity", w.message + more)
         degraded = ("True", "WaitingForCapacity", w.message + more)
     elif restarting:
-        _key, msg = next(iter(sorted(restarting.items())))
-        reason = "RollingOut" if "rolling" in msg else "GroupRestarting"
+        _key, (reason, msg) = next(iter(sorted(restarting.items())))
         ready_c = ("False" if not all_ready else "True", reason, msg)
         degraded = ("True" if reason != "RollingOut" else "False", reason, msg)
     elif not all_ready:

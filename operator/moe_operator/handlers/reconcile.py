@@ -59,6 +59,7 @@ APPLY_GRACE_S = 30
 # deployment uid -> {node: GPUs} its current plan holds; one operator process plans all
 # deployments, so this is exact for plans whose pods the watch has not delivered yet.
 _claims: dict[str, dict[str, int]] = {}
+_plan_lock = threading.Lock()
 
 
 def _claims_of_others(uid: str) -> dict[str, int]:
@@ -139,22 +140,26 @@ def _reconcile(
         owner = Owner(name=name, namespace=namespace, uid=uid)
         children = _children(indexes, key)
         statefulsets = [c for c in children if c["kind"] == "StatefulSet"]
-        nodes = node_snapshot(
-            [v for vals in indexes["node_index"].values() for v in vals],
-            {node: list(vals) for node, vals in indexes["gpu_use_index"].items()},
-            uid,
-            _claims_of_others(uid),
-        )
-        plan = plan_topology(
-            pool_requests(spec), nodes, topology_policy(spec), previous_placements(statefulsets, name)
-        )
+        # Snapshot, plan and claim under one process-wide lock: two deployments planned at once
+        # would otherwise both take the same free nodes, and the loser would move (and restart)
+        # on its next reconcile.
+        with _plan_lock:
+            nodes = node_snapshot(
+                [v for vals in indexes["node_index"].values() for v in vals],
+                {node: list(vals) for node, vals in indexes["gpu_use_index"].items()},
+                uid,
+                _claims_of_others(uid),
+            )
+            plan = plan_topology(
+                pool_requests(spec), nodes, topology_policy(spec), previous_placements(statefulsets, name)
+            )
+            _claims[uid] = {n: spec.topology.gpus_per_node for p in plan.placements for n in p.nodes}
         kube = rt.kube()
 
         # The runtime token: created once, kept across reconciles and operator restarts.
         if not any(c["kind"] == "Secret" and c["name"] == f"{name}-runtime-token" for c in children):
             kube.create(token_secret(owner, secrets.token_urlsafe(32)))
 
-        _claims[uid] = {n: spec.topology.gpus_per_node for p in plan.placements for n in p.nodes}
         desired = render_children(spec, owner, plan, rt.settings(), placement_versions(current_status))
         observed = {(c["kind"], c["name"]): c for c in children}
         stale: list[dict[str, Any]] = []
@@ -185,7 +190,8 @@ def _reconcile(
         # Group semantics: restart broken instances whole; roll spec changes one at a time.
         pods = list(indexes["engine_pod_index"].get(key, []))
         groups = group_states(spec, name, statefulsets, pods, plan)
-        restarting: dict[tuple[str, int], str] = {}
+        restarting: dict[tuple[str, int], tuple[str, str]] = {}
+        emitted: set[tuple[str, str]] = set()  # (reason, message) of events posted by this reconcile
         for pool in {g.pool for g in groups}:
             mine = [g for g in groups if g.pool == pool]
             may_roll = pool_may_roll(mine)
@@ -193,7 +199,7 @@ def _reconcile(
                 decision = decide(g, now, may_roll)
                 if decision.action == "none":
                     continue
-                restarting[(g.pool, g.index)] = decision.message
+                restarting[(g.pool, g.index)] = (decision.reason, decision.message)
                 if decision.action == "restart":
                     count = restarts_after(g, now) if decision.reason != "RollingOut" else g.restarts
                     annotations = {
@@ -206,8 +212,14 @@ def _reconcile(
                         {"metadata": {"annotations": annotations}},
                         LIFECYCLE_MANAGER,
                     )
+                    # Pods on a Node that no longer exists: no kubelet will ever confirm a graceful
+                    # delete, and their names block the StatefulSet until pod GC runs (~40 s+).
+                    for pod in g.pods:
+                        if pod.node and pod.node not in indexes["node_index"]:
+                            kube.delete_pod(namespace, pod.name, grace_period_s=0)
                     kube.delete_pods(namespace, L.instance_selector(name, g.pool, g.index))
                     kopf.event(body, type="Normal", reason=decision.reason, message=decision.message)
+                    emitted.add((decision.reason, decision.message))
                     logger.info(decision.message)
                 if decision.reason == "RollingOut":
                     may_roll = False
@@ -240,10 +252,11 @@ def _reconcile(
                 (c for c in current_status.get("conditions") or [] if c["type"] == "Ready"), {}
             )
             new_ready = next(c for c in desired_status["conditions"] if c["type"] == "Ready")
-            if (old_ready.get("reason"), old_ready.get("message")) != (
-                new_ready["reason"],
-                new_ready["message"],
-            ):
+            transition = (new_ready["reason"], new_ready["message"])
+            if (
+                old_ready.get("reason"),
+                old_ready.get("message"),
+            ) != transition and transition not in emitted:
                 kopf.event(
                     body,
                     type="Warning" if new_ready["reason"] == "WaitingForCapacity" else "Normal",
