@@ -169,20 +169,24 @@ class _EvaluationCollector(Collector):
         if ev is None:
             return
         values = (
-            ("balancedness", "Mean over MoE layers of layer balancedness.", float(ev.balancedness.mean())),
-            ("balancedness_min", "Worst layer's balancedness.", float(ev.balancedness.min())),
-            ("max_mean_ratio", "Mean over MoE layers of max/mean GPU load.", float(ev.max_mean.mean())),
-            ("max_mean_ratio_max", "Worst layer's max/mean GPU load.", float(ev.max_mean.max())),
             (
-                "hottest_expert_share",
+                P + "balancedness",
+                "Mean over MoE layers of layer balancedness.",
+                float(ev.balancedness.mean()),
+            ),
+            (P + "balancedness_min", "Worst layer's balancedness.", float(ev.balancedness.min())),
+            (P + "max_mean_ratio", "Mean over MoE layers of max/mean GPU load.", float(ev.max_mean.mean())),
+            (P + "max_mean_ratio_max", "Worst layer's max/mean GPU load.", float(ev.max_mean.max())),
+            (
+                P + "hottest_expert_share",
                 "Largest share of a layer's assignments taken by one expert.",
                 ev.hottest_share,
             ),
             (
-                "hottest_expert_fair_share_ratio",
+                P + "hottest_expert_fair_share_ratio",
                 "Hottest expert's share / fair share (1/E).",
                 ev.hottest_fair_ratio,
             ),
         )
         for name, doc, value in values:
-            yield GaugeMetricFamily(P + name, doc, value=value)
+            yield GaugeMetricFamily(name, doc, value=value)
