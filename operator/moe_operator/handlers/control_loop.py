@@ -338,7 +338,8 @@ def evaluate_pool(
         )
         if refused:
             FAILURES.labels(*labels, "push_refused").inc()
-            message += f"; push refused: {', '.join(refused)}"
+            taken = len(leaders) - len(refused) if token else 0
+            message += f"; {taken} of {len(leaders)} runtime(s) hold it, push refused: {', '.join(refused)}"
     out["message"] = (message + note)[:1024]
     DURATION.labels(*labels).observe(time.perf_counter() - started)
     return out
