@@ -66,6 +66,22 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pids: dict[str, int]) -> dict[str, float]:
+    out = {}
+    for name, pid in pids.items():
+        try:
+            out[name] = cpu_seconds(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            out[name] = float("nan")
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
@@ -129,7 +145,7 @@ class Watcher(threading.Thread):
 
 def run_round(
     box: Sandbox, api: httpx.Client, n: int, metrics_port: int, pid: int, ns: str
-) -> dict[str, float]:
+) -> dict[str, Any]:
     api.post("/api/v1/namespaces", json={"metadata": {"name": ns}})
     while api.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code != 200:
         time.sleep(0.1)
@@ -141,6 +157,9 @@ def run_round(
         w.start()
         w.started_watch.wait(30)
     before = operator_requests(metrics_port)
+    pids = {name: pid for name, pid in box.running().items() if pid is not None}
+    pids["operator"] = pid
+    cpu_before, wall_before = cpu_of(pids), time.monotonic()
     created: dict[str, float] = {}
     for i in range(n):
         name = f"m{i:03d}"
@@ -151,6 +170,9 @@ def run_round(
     while len(ready) < n and time.monotonic() < deadline:
         time.sleep(0.2)
     create_requests = operator_requests(metrics_port) - before
+    cpu_after, wall = cpu_of(pids), time.monotonic() - wall_before
+    # Where the CPU went between the first create and the last Ready (2 cores in all here).
+    cpu_share = {name: (cpu_after[name] - cpu_before[name]) / wall for name in pids}
     time.sleep(15)
     idle_before = operator_requests(metrics_port)
     time.sleep(30)
@@ -176,6 +198,7 @@ def run_round(
     api.delete(f"/api/v1/namespaces/{ns}")
     return {
         "replanned": replanned,
+        "cpu": cpu_share,
         "n": n,
         "children": statistics.median(counts.values()),
         "children_p50": statistics.median(to_children),
@@ -230,7 +253,7 @@ def main() -> int:
     print(
         f"sandbox up in {box.up(nodes_file, log=lambda m: print(m, file=sys.stderr)):.1f}s", file=sys.stderr
     )
-    results: dict[tuple[int, int], dict[str, float]] = {}
+    results: dict[tuple[int, int], dict[str, Any]] = {}
     try:
         with box.client(timeout=30) as api:
             api.patch(
@@ -262,6 +285,10 @@ def main() -> int:
                             f"{r['idle_requests']:>13.0f} {r['rss_mb']:>7.1f}",
                             flush=True,
                         )
+                        cpu = "  ".join(
+                            f"{k} {v:.2f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1])
+                        )
+                        print(f"{'':>9} CPU cores used until all Ready: {cpu}", flush=True)
                 finally:
                     proc.terminate()
                     proc.wait(30)
