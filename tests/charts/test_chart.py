@@ -181,7 +181,6 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
         for g, r in [
             ("", "services"),
             ("", "configmaps"),
-            ("", "secrets"),
             ("", "serviceaccounts"),
             ("apps", "statefulsets"),
             ("apps", "deployments"),
@@ -190,6 +189,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
             ("rbac.authorization.k8s.io", "rolebindings"),
         ]
     },
+    ("", "secrets"): {"get", "create"},  # the runtime token only: never listed or watched
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
@@ -248,7 +248,12 @@ def test_rbac_covers_every_kind_the_operator_writes() -> None:
         group = api_version.rpartition("/")[0]
         needed = {
             "moedeployments": {"get", "patch"},
-            "pods": {"get", "deletecollection"},  # a whole group is deleted at once; never created
+            "pods": {
+                "get",
+                "delete",
+                "deletecollection",
+            },  # groups deleted at once; lost-node pods one by one
+            "secrets": {"get", "create"},  # the runtime token: created once, never patched or deleted
         }.get(plural, {"get", "create", "patch", "delete"})
         assert needed <= rules.get((group, plural), set()), f"{group}/{plural}: needs {needed}"
 

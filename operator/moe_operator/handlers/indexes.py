@@ -119,11 +119,6 @@ def configmap_index(name: str, namespace: str | None, body: kopf.Body, **_: Any)
     return _child("ConfigMap", name, namespace, body)
 
 
-@kopf.index("secrets", labels=MANAGED)
-def secret_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    return _child("Secret", name, namespace, body)
-
-
 @kopf.index("serviceaccounts", labels=MANAGED)
 def serviceaccount_index(
     name: str, namespace: str | None, body: kopf.Body, **_: Any
@@ -151,7 +146,6 @@ CHILD_INDEXES = (
     "deployment_index",
     "service_index",
     "configmap_index",
-    "secret_index",
     "serviceaccount_index",
     "role_index",
     "rolebinding_index",

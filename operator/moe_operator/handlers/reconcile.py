@@ -60,6 +60,7 @@ APPLY_GRACE_S = 30
 # deployments, so this is exact for plans whose pods the watch has not delivered yet.
 _claims: dict[str, dict[str, int]] = {}
 _plan_lock = threading.Lock()
+_tokens_present: set[str] = set()  # deployment uids whose runtime-token Secret exists
 
 
 def _claims_of_others(uid: str) -> dict[str, int]:
@@ -156,9 +157,13 @@ def _reconcile(
             _claims[uid] = {n: spec.topology.gpus_per_node for p in plan.placements for n in p.nodes}
         kube = rt.kube()
 
-        # The runtime token: created once, kept across reconciles and operator restarts.
-        if not any(c["kind"] == "Secret" and c["name"] == f"{name}-runtime-token" for c in children):
-            kube.create(token_secret(owner, secrets.token_urlsafe(32)))
+        # The runtime token: created once, kept across reconciles and operator restarts. Looked up
+        # once per deployment and process rather than watched: the operator needs no cluster-wide
+        # list/watch on Secrets.
+        if uid not in _tokens_present:
+            if kube.get(f"/api/v1/namespaces/{namespace}/secrets/{name}-runtime-token") is None:
+                kube.create(token_secret(owner, secrets.token_urlsafe(32)))
+            _tokens_present.add(uid)
 
         desired = render_children(spec, owner, plan, rt.settings(), placement_versions(current_status))
         observed = {(c["kind"], c["name"]): c for c in children}
@@ -316,4 +321,5 @@ def on_event(event: kopf.RawEvent, **_: Any) -> None:
     if event.get("type") == "DELETED":
         meta = event["object"]["metadata"]
         _claims.pop(str(meta.get("uid")), None)
+        _tokens_present.discard(str(meta.get("uid")))
         wakeups.forget((str(meta.get("namespace") or ""), str(meta.get("name"))))
