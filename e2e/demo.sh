@@ -56,7 +56,15 @@ export KUBECONFIG
 
 step "installing the MoEDeployment CRD and starting the operator (log: $STATE/operator.log)"
 "$KUBECTL" apply --server-side -f crds/ >/dev/null
-"$KUBECTL" wait --for condition=established crd/moedeployments.moe.inference.dev --timeout=60s >/dev/null
+# Polled, not `kubectl wait`: right after the apply the CRD may have no status.conditions yet,
+# and kubectl wait then fails at once instead of waiting.
+for _ in $(seq 120); do
+  established=$("$KUBECTL" get crd moedeployments.moe.inference.dev \
+    -o jsonpath='{.status.conditions[?(@.type=="Established")].status}' 2>/dev/null || true)
+  [ "$established" = True ] && break
+  sleep 0.5
+done
+[ "$established" = True ] || { echo "the MoEDeployment CRD was not established within 60 s" >&2; exit 1; }
 operator_running || start_operator
 if [ -n "$("$KUBECTL" delete moedeployment deepseek-v3 --ignore-not-found --wait -o name)" ]; then
   echo "deleted the MoEDeployment of an earlier run (the new one starts from placement version 0)"
