@@ -173,3 +173,21 @@ def bind_model_volume(api: httpx.Client, namespace: str, claim: str) -> None:
         30,
         what=f"PVC {claim} bound",
     )
+
+
+def moed_path(namespace: str, name: str = "") -> str:
+    """REST path of a namespace's MoEDeployments, or of one."""
+    return f"{MOED}/namespaces/{namespace}/moedeployments" + (f"/{name}" if name else "")
+
+
+def start_replay(
+    ip: str, token_file: Path, log: Path, *, model: str, gpus: int, gpus_per_node: int, redundant: int
+) -> subprocess.Popen[bytes]:
+    """A replay runtime (the real sidecar API over a simulated engine) on a leader pod's IP, port 9400."""
+    args = [
+        sys.executable, "-m", "moe_runtime.cli", "replay", "--host", ip, "--port", "9400",
+        "--model", model, "--gpus", str(gpus), "--gpus-per-node", str(gpus_per_node),
+        "--redundant", str(redundant), "--rebalance-iterations", "40", "--pass-interval", "0.01",
+        "--tokens-per-pass", "1024", "--planner", "off", "--token-file", str(token_file), "--role", "decode",
+    ]  # fmt: skip
+    return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)

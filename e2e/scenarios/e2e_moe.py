@@ -15,7 +15,7 @@ import httpx
 import yaml
 
 from moe_operator.sandbox.testing import wait_for
-from operator_harness import MOED
+from operator_harness import moed_path as moed_path  # re-exported for the scenarios
 
 REPO = Path(__file__).resolve().parents[2]
 SELECT_ENGINE = "moe.inference.dev/deployment={name},moe.inference.dev/instance"
@@ -37,10 +37,6 @@ def qwen3(replicas: int, name: str = "qwen3-30b", **eplb: Any) -> dict[str, Any]
     if eplb:
         obj["spec"]["eplb"].update(eplb)
     return obj
-
-
-def moed_path(namespace: str, name: str = "") -> str:
-    return f"{MOED}/namespaces/{namespace}/moedeployments" + (f"/{name}" if name else "")
 
 
 def get_moed(api: httpx.Client, namespace: str, name: str) -> dict[str, Any]:

@@ -6,34 +6,21 @@ on a cluster the operator is already installed (the Helm chart) and is not touch
 
 from __future__ import annotations
 
-import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 
+from moe_operator.handlers.kube import connection
 from moe_operator.sandbox.cluster import Sandbox
 from operator_harness import OperatorProcess
 
 
 def client_from_kubeconfig(path: Path, timeout: float = 30.0) -> httpx.Client:
     """A raw REST client for any kubeconfig (client certs, bearer tokens, exec plugins)."""
-    cfg = k8s_client.Configuration()
-    k8s_config.load_kube_config(config_file=str(path), client_configuration=cfg)  # type: ignore[no-untyped-call]
-    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
-    if not cfg.verify_ssl:  # insecure-skip-tls-verify in the kubeconfig
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if cfg.cert_file and cfg.key_file:
-        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
-    headers = {}
-    token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
-    if token:
-        headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
-    return httpx.Client(base_url=cfg.host, verify=ctx, headers=headers, timeout=timeout)
+    conn = connection(str(path), in_cluster=False)
+    return httpx.Client(base_url=conn.host, verify=conn.tls, headers=conn.headers, timeout=timeout)
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import base64
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,22 +26,12 @@ from e2e_moe import (
 from e2e_target import Target
 
 from moe_operator.sandbox.testing import wait_for
+from operator_harness import start_replay
 
 pytestmark = pytest.mark.cluster
 
 REFRESH_S = 10
 SIDECAR = 9400
-
-
-def _replay(ip: str, token_file: Path, log: Path) -> subprocess.Popen[bytes]:
-    """The replay runtime (the real sidecar API over a simulated engine) on a leader pod's IP."""
-    args = [
-        sys.executable, "-m", "moe_runtime.cli", "replay", "--host", ip, "--port", str(SIDECAR),
-        "--model", "qwen3-30b-a3b", "--gpus", "8", "--gpus-per-node", "8", "--redundant", "8",
-        "--rebalance-iterations", "40", "--pass-interval", "0.01", "--tokens-per-pass", "1024",
-        "--planner", "off", "--token-file", str(token_file), "--role", "decode",
-    ]  # fmt: skip
-    return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
 def _held(ip: str) -> int | None:
@@ -82,7 +70,18 @@ def test_refused_push_keeps_old_placement_and_says_so(
     tokens = [tmp_path / "token-0", tmp_path / "token-1"]
     for t in tokens:
         t.write_bytes(token)
-    procs = [_replay(ip, tokens[i], tmp_path / f"replay-{i}.log") for i, ip in enumerate(ips)]
+    procs = [
+        start_replay(
+            ip,
+            tokens[i],
+            tmp_path / f"replay-{i}.log",
+            model="qwen3-30b-a3b",
+            gpus=8,
+            gpus_per_node=8,
+            redundant=8,
+        )
+        for i, ip in enumerate(ips)
+    ]
     try:
         wait_for(
             lambda: all((_held(ip) or 0) >= 1 for ip in ips),

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,34 +19,12 @@ import yaml
 
 from moe_operator.control import history_store
 from moe_operator.sandbox.testing import wait_for
-from operator_harness import MOED, OperatorProcess, bind_model_volume
+from operator_harness import OperatorProcess, moed_path, start_replay
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 REFRESH_S = 10
-
-
-def moed(namespace: str, name: str = "") -> str:
-    return f"{MOED}/namespaces/{namespace}/moedeployments" + (f"/{name}" if name else "")
-
-
-@pytest.fixture()
-def deployed(api: httpx.Client, namespace: str, moe_operator: OperatorProcess) -> Iterator[str]:
-    bind_model_volume(api, namespace, "models")
-    yield namespace
-    for item in api.get(moed(namespace)).json()["items"]:
-        api.delete(moed(namespace, item["metadata"]["name"]))
-
-
-def replay(ip: str, token_file: Path, log: Path) -> subprocess.Popen[bytes]:
-    args = [
-        sys.executable, "-m", "moe_runtime.cli", "replay", "--host", ip, "--port", "9400",
-        "--model", "deepseek-v3", "--gpus", "16", "--gpus-per-node", "4", "--redundant", "16",
-        "--rebalance-iterations", "40", "--pass-interval", "0.01", "--tokens-per-pass", "1024",
-        "--planner", "off", "--token-file", str(token_file), "--role", "decode",
-    ]  # fmt: skip
-    return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
 def runtime_balancedness(ip: str) -> float | None:
@@ -79,7 +56,7 @@ def test_control_loop_balances_two_instances(
         {"redundantExperts": 16, "refreshInterval": f"{REFRESH_S}s", "minInterval": f"{REFRESH_S}s",
          "history": "2m", "minImprovement": 0.02}
     )  # fmt: skip
-    assert api.post(moed(deployed), json=obj).status_code == 201, "spec refused"
+    assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
     pods_path = f"/api/v1/namespaces/{deployed}/pods"
     selector = f"moe.inference.dev/deployment={name},apps.kubernetes.io/pod-index=0"
 
@@ -106,12 +83,23 @@ def test_control_loop_balances_two_instances(
     secret = api.get(f"/api/v1/namespaces/{deployed}/secrets/{name}-runtime-token").json()
     token_file = tmp_path / "token"
     token_file.write_bytes(base64.b64decode(secret["data"]["token"]))
-    procs = [replay(ip, token_file, tmp_path / f"replay-{i}.log") for i, ip in enumerate(ips)]
+    procs = [
+        start_replay(
+            ip,
+            token_file,
+            tmp_path / f"replay-{i}.log",
+            model="deepseek-v3",
+            gpus=16,
+            gpus_per_node=4,
+            redundant=16,
+        )
+        for i, ip in enumerate(ips)
+    ]
     timeline: list[str] = []
     start = time.monotonic()
 
     def placement() -> dict[str, Any]:
-        st = api.get(moed(deployed, name)).json().get("status") or {}
+        st = api.get(moed_path(deployed, name)).json().get("status") or {}
         out: dict[str, Any] = (st.get("placement") or {}).get("decode") or {}
         return out
 

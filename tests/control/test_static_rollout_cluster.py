@@ -8,7 +8,6 @@ writes it, and the real reconciler must roll the pods onto it without taking the
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +17,12 @@ import yaml
 
 from moe_operator.render.group import BOOT_PLACEMENT
 from moe_operator.sandbox.testing import wait_for
-from operator_harness import MOED, OperatorProcess, bind_model_volume
+from operator_harness import moed_path
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 NAME = "static-eplb"
-
-
-def moed(namespace: str, name: str = "") -> str:
-    return f"{MOED}/namespaces/{namespace}/moedeployments" + (f"/{name}" if name else "")
-
-
-@pytest.fixture()
-def deployed(api: httpx.Client, namespace: str, moe_operator: OperatorProcess) -> Iterator[str]:
-    bind_model_volume(api, namespace, "models")
-    yield namespace
-    for item in api.get(moed(namespace)).json()["items"]:
-        api.delete(moed(namespace, item["metadata"]["name"]))
 
 
 def ready(obj: dict[str, Any]) -> bool:
@@ -61,8 +48,8 @@ def test_static_placement_version_rolls_instances_one_at_a_time(api: httpx.Clien
     obj["spec"].pop("prefill")
     obj["spec"]["decode"].update({"replicas": 2, "nodesPerReplica": 2, "attentionDataParallel": 8})
     obj["spec"]["eplb"].update({"mode": "static", "redundantExperts": 8})
-    assert api.post(moed(deployed), json=obj).status_code == 201, "spec refused"
-    wait_for(lambda: ready(api.get(moed(deployed, NAME)).json()), 120, interval=0.5, what="Ready")
+    assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
+    wait_for(lambda: ready(api.get(moed_path(deployed, NAME)).json()), 120, interval=0.5, what="Ready")
     before = {p["metadata"]["uid"] for p in pods(api, deployed)}
     assert len(before) == 4 and not any(
         BOOT_PLACEMENT in p["metadata"].get("annotations", {}) for p in pods(api, deployed)
@@ -70,7 +57,7 @@ def test_static_placement_version_rolls_instances_one_at_a_time(api: httpx.Clien
 
     # What the control loop records when it publishes v1 of the decode placement.
     resp = api.patch(
-        f"{moed(deployed, NAME)}/status",
+        f"{moed_path(deployed, NAME)}/status",
         json={"status": {"placement": {"decode": {"version": 1, "message": "new placement (test)"}}}},
         headers={"Content-Type": "application/merge-patch+json"},
     )
@@ -90,7 +77,7 @@ def test_static_placement_version_rolls_instances_one_at_a_time(api: httpx.Clien
         rolled = (
             len(current) == 4 and booted == ["1"] * 4 and not {p["metadata"]["uid"] for p in current} & before
         )
-        if rolled and ready(api.get(moed(deployed, NAME)).json()):
+        if rolled and ready(api.get(moed_path(deployed, NAME)).json()):
             break
         time.sleep(0.2)
     else:

@@ -15,7 +15,7 @@ import yaml
 
 from moe_operator.sandbox.cluster import Sandbox
 from moe_operator.sandbox.testing import wait_for
-from operator_harness import MOED, OperatorProcess, bind_model_volume
+from operator_harness import OperatorProcess, bind_model_volume, moed_path
 
 pytestmark = pytest.mark.cluster
 
@@ -25,10 +25,6 @@ REPO = Path(__file__).resolve().parents[2]
 def example(name: str) -> dict[str, Any]:
     obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / name).read_text())
     return obj
-
-
-def moed_path(namespace: str, name: str = "") -> str:
-    return f"{MOED}/namespaces/{namespace}/moedeployments" + (f"/{name}" if name else "")
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import ssl
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -60,30 +61,47 @@ class KubeError(RuntimeError):
 _WORKLOAD_KINDS = frozenset({"StatefulSet", "Deployment"})
 
 
+@dataclass(frozen=True)
+class Connection:
+    """Where an API server is and how to authenticate to it, for a raw httpx client."""
+
+    host: str
+    tls: ssl.SSLContext
+    headers: dict[str, str]
+
+
+def _load_in_cluster(cfg: k8s_client.Configuration) -> bool:
+    try:
+        k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    except k8s_config.ConfigException:
+        return False
+    return True
+
+
+def connection(kubeconfig: str | None = None, in_cluster: bool = True) -> Connection:
+    """From the in-cluster service account (when in_cluster and there is one), else a kubeconfig
+    (client certificates, bearer tokens, exec plugins, insecure-skip-tls-verify)."""
+    cfg = k8s_client.Configuration()
+    if not (in_cluster and _load_in_cluster(cfg)):
+        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+    tls = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
+    if not cfg.verify_ssl:
+        tls.check_hostname = False
+        tls.verify_mode = ssl.CERT_NONE
+    if cfg.cert_file and cfg.key_file:
+        tls.load_cert_chain(cfg.cert_file, cfg.key_file)
+    headers = {}
+    token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
+    if token:
+        headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
+    return Connection(cfg.host, tls, headers)
+
+
 class Kube:
     """Thread-safe; one per operator process."""
 
     def __init__(self, kubeconfig: str | None = None, apply_concurrency: int = 8) -> None:
-        configuration = k8s_client.Configuration()
-        try:
-            k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except k8s_config.ConfigException:
-            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, client_configuration=configuration
-            )
-        ctx = (
-            ssl.create_default_context(cafile=configuration.ssl_ca_cert)
-            if configuration.ssl_ca_cert
-            else None
-        )
-        if ctx is None:
-            ctx = ssl.create_default_context()
-        if configuration.cert_file and configuration.key_file:
-            ctx.load_cert_chain(configuration.cert_file, configuration.key_file)
-        headers = {}
-        token = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
-        if token:
-            headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
+        conn = connection(kubeconfig)
         self.requests: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._apply_pool = (
@@ -92,9 +110,9 @@ class Kube:
             else None
         )
         self._http = httpx.Client(
-            base_url=configuration.host,
-            verify=ctx,
-            headers=headers,
+            base_url=conn.host,
+            verify=conn.tls,
+            headers=conn.headers,
             timeout=httpx.Timeout(30.0, connect=10.0),
             event_hooks={"request": [self._count]},
         )
