@@ -1,29 +1,12 @@
 """Moving toward the forecast from the current placement: per-step noise and budgeted re-packing."""
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
-import moe_operator.eplb.placement as placement
 from moe_operator.eplb import plan
-from moe_operator.eplb.forecast import Forecast, forecast, step_noise
 from moe_operator.eplb.guided import guided_rows
-from moe_operator.eplb.layout import expert_counts, make_layout
+from moe_operator.eplb.layout import expert_counts
 from moe_operator.eplb.packing import Bins, gpu_totals
-from moe_operator.eplb.placement import fresh_placement, risk_premium
-
-
-def test_step_noise_is_the_spread_of_single_steps_inside_their_block() -> None:
-    steps = np.zeros((8, 1, 3))
-    steps[:, 0, 0] = 0.5  # steady
-    steps[:, 0, 1] = np.tile([0.1, 0.3], 4)  # alternates around 0.2
-    steps[:, 0, 2] = 1.0 - steps[:, 0, 0] - steps[:, 0, 1]
-    steps[4:, 0, 0] += 0.2  # a level shift between blocks is drift, not step noise
-    steps[4:, 0, 2] -= 0.2
-    noise = step_noise(steps, horizon=4)
-    assert noise[0, 0] == pytest.approx(0.0)
-    assert noise[0, 1] == pytest.approx(np.var([0.1, 0.3, 0.1, 0.3], ddof=1))
 
 
 def _noisy_history(steps: int = 64) -> np.ndarray:
@@ -46,21 +29,6 @@ def test_the_redundant_copy_hedges_the_noisy_expert() -> None:
     steps = history[:, 0] / history[:, 0].sum(axis=1, keepdims=True)
     peak = {e: (steps / np.where(np.arange(4) == e, 2, 1)).max(axis=1).mean() for e in (0, 1)}
     assert peak[1] < peak[0]  # and it is right to: splitting expert 1 lowers the mean per-step peak
-
-
-def test_risk_premium_alone_moves_the_copy_to_the_noisy_expert(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Same forecast mean and no scenarios: only the step-noise premium tells the experts apart."""
-    monkeypatch.setattr(placement, "RISK_SCALE", 1.0)  # off by default (see placement.py)
-    history = _noisy_history()
-    fc = forecast(history, horizon=8)
-    mean = np.array([[0.31, 0.30, 0.20, 0.19]])
-    fc = Forecast(mean, mean[None], 0.0, 0.0, 8, fc.noise)
-    layout = make_layout(1, 4, num_gpus=5, num_redundant=1)
-    risky = expert_counts(fresh_placement(fc, layout, "dynamic"), 4)[0]
-    plain = expert_counts(fresh_placement(replace(fc, noise=None), layout, "dynamic"), 4)[0]
-    assert plain[0] == 2  # on the mean alone, expert 0 is the heaviest
-    assert risky[1] == 2
-    assert risk_premium(fc, 5)[0, 1] > 10 * risk_premium(fc, 5)[0, 0]
 
 
 def _rows(rng: np.random.Generator, rows: int, gpus: int, slots: int, experts: int) -> np.ndarray:

@@ -14,12 +14,6 @@ point: when traffic shifts toward one domain, all of that domain's hot experts r
 together. The planner hedges against ``mean + error_j`` scenarios. (Independent Gaussian
 errors and recent per-step deviations were tried as scenarios and did not help.)
 
-It also measures per-step noise: each expert's variance of single steps around the mean of
-their block (Poisson sampling and topic jitter; single-digit percent of a GPU's load per
-step). The score is the per-step peak, so the placement can price that noise (see
-placement.risk_premium, off until it pays) instead of sampling it: a few dozen sampled
-steps as scenarios overfit their particular draws (measured: no gain out of sample).
-
 Everything is in shares: each step's counts divided by that step's total per layer, so a
 busy step does not outweigh a quiet one, and balance (max/mean) is scale-free.
 """
@@ -47,7 +41,6 @@ class Forecast:
     half_life: float
     shrink: float
     horizon: int
-    noise: FloatArray | None = None  # [L, E] per-step variance of each share around its window's mean
 
 
 def shares(history: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -101,14 +94,7 @@ def forecast(
     splits = list(range(steps - horizon, lookback - 1, -stride))[:MAX_SPLITS]
     if steps <= horizon or not splits:
         mean = weighted_mean(np.ones((1, steps)), values, mask)[0]
-        return Forecast(
-            mean=mean,
-            scenarios=mean[None],
-            half_life=float("inf"),
-            shrink=0.0,
-            horizon=horizon,
-            noise=step_noise(values, horizon),
-        )
+        return Forecast(mean=mean, scenarios=mean[None], half_life=float("inf"), shrink=0.0, horizon=horizon)
     layers = np.unique(np.linspace(0, values.shape[1] - 1, min(FIT_LAYERS, values.shape[1])).astype(int))
     half_life, shrink = _fit(values[:, layers], mask[:, layers], splits, lookback, horizon)
     mean = _predict(values, mask, [steps], lookback, half_life, shrink)[0]
@@ -120,24 +106,7 @@ def forecast(
         target = np.stack([_block_mean(values, mask, s, horizon) for s in hedge_splits])
         scen.append(mean[None] + target - _predict(values, mask, hedge_splits, lookback, half_life, shrink))
     scenarios = np.clip(np.concatenate(scen), 0.0, None)
-    return Forecast(
-        mean=mean,
-        scenarios=scenarios,
-        half_life=half_life,
-        shrink=shrink,
-        horizon=horizon,
-        noise=step_noise(values, horizon),
-    )
-
-
-def step_noise(values: FloatArray, horizon: int) -> FloatArray:
-    """[L, E] variance of single steps around the mean of their block of ``horizon`` steps, averaged over blocks."""
-    blocks = values.shape[0] // horizon
-    if blocks < 1 or horizon < 2:
-        return np.zeros(values.shape[1:])
-    recent = values[values.shape[0] - blocks * horizon :].reshape(blocks, horizon, *values.shape[1:])
-    out: FloatArray = recent.var(axis=1, ddof=1).mean(axis=0)
-    return out
+    return Forecast(mean=mean, scenarios=scenarios, half_life=half_life, shrink=shrink, horizon=horizon)
 
 
 def _features(

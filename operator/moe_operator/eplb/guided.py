@@ -17,7 +17,6 @@ from .layout import FloatArray, IntArray
 from .matching import align_slots
 from .packing import Bins, refine, refine_scenarios
 from .replicate import greedy_counts
-from .solve import copy_load
 
 
 def guided_rows(
@@ -45,11 +44,11 @@ def guided_rows(
     swaps = int(min(left.min(), 4 * num_gpus + 20) // 2) if budget is not None else None
     if swaps is not None and swaps < 1:
         return flat.reshape(state.shape)
-    weight = np.take_along_axis(copy_load(mean, counts, None), flat, axis=1)
+    weight = np.take_along_axis(mean / counts, flat, axis=1)
     layout = refine(weight, flat, num_experts, bins, layout, max_iter=swaps)
     away = _items_away(layout)
     if scenarios.shape[1] > 1:
-        per_copy = copy_load(scenarios, counts, None)
+        per_copy = scenarios / counts[:, None, :]
         load = np.take_along_axis(
             per_copy, np.broadcast_to(flat[:, None, :], (rows, *per_copy.shape[1:2], total)), axis=2
         )

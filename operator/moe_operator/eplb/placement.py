@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .forecast import Forecast
-from .layout import FloatArray, IntArray, Layout
+from .layout import IntArray, Layout
 from .packing import Bins, lpt, refine, refine_scenarios
 from .solve import solve_rows
 
@@ -22,7 +22,6 @@ def fresh_placement(fc: Forecast, layout: Layout, dispatch: str) -> IntArray:
     """phy2log [L, P] from scratch (no regard for the current placement)."""
     scen = fc.scenarios.transpose(1, 0, 2)  # [L, K, E]
     mean = fc.mean
-    risk = risk_premium(fc, layout.num_gpus)
     num_layers, num_slots = layout.num_layers, layout.num_slots
     if layout.hierarchical:
         experts = node_experts(mean, scen, layout)  # [L, N, E/N]
@@ -34,42 +33,16 @@ def fresh_placement(fc: Forecast, layout: Layout, dispatch: str) -> IntArray:
             np.broadcast_to(local[:, None, :], (rows, scen.shape[1], local.shape[1])),
             axis=2,
         )
-        row_risk = (
-            None
-            if risk is None
-            else np.take_along_axis(np.repeat(risk, layout.num_nodes, axis=0), local, axis=1)
-        )
         bins = Bins(layout.gpus_per_node, layout.slots_per_gpu, np.arange(layout.gpus_per_node))
-        sol = solve_rows(row_mean, row_scen, bins, cap=layout.gpus_per_node, risk=row_risk)
+        sol = solve_rows(row_mean, row_scen, bins, cap=layout.gpus_per_node)
         phy = np.take_along_axis(local, sol.expert.reshape(rows, -1), axis=1)
         return phy.reshape(num_layers, num_slots)
     per_node = layout.gpus_per_node
     by_node = dispatch == "static" and layout.num_nodes > 1
     domain = np.arange(layout.num_gpus) // per_node if by_node else np.arange(layout.num_gpus)
     bins = Bins(layout.num_gpus, layout.slots_per_gpu, domain)
-    sol = solve_rows(mean, scen, bins, cap=int(domain.max()) + 1, risk=risk)
+    sol = solve_rows(mean, scen, bins, cap=int(domain.max()) + 1)
     return sol.expert.reshape(num_layers, num_slots)
-
-
-# Off: on the full bench (seeds 1, 2) scale 1 moved steady ratios by -0.02..+0.03 and pushed
-# EP32 shifting (seed 2) from 0.80 to 0.81, so it does not pay yet; kept, tested, for tuning.
-RISK_SCALE = 0.0
-
-
-def risk_premium(fc: Forecast, num_gpus: int) -> FloatArray | None:
-    """[L, E] premium per expert for per-step noise (the score is the per-step peak, not the mean's).
-
-    A GPU's expected peak is about mean + z * sd, z the expected maximum of ``num_gpus``
-    standard normals; sd = sqrt(sum of its copies' variances) is linearised around a typical
-    GPU's, so each copy adds z * var / (2 * typical sd) (var / c**2 for c copies: see
-    solve.copy_load). Noise is per expert and independent (Poisson sampling and topic jitter).
-    """
-    if fc.noise is None or RISK_SCALE <= 0:
-        return None
-    z = RISK_SCALE * np.sqrt(2.0 * np.log(max(num_gpus, 2)))
-    typical = np.sqrt(fc.noise.sum(axis=1, keepdims=True) / num_gpus)
-    out: FloatArray = z * fc.noise / np.maximum(2.0 * typical, 1e-300)
-    return out
 
 
 def node_experts(mean: np.ndarray, scen: np.ndarray, layout: Layout) -> IntArray:

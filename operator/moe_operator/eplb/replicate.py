@@ -18,22 +18,18 @@ from .layout import FloatArray, IntArray
 MAX_ENUMERATED = 8192  # exhaustive search over copy counts below this many vectors
 
 
-def greedy_counts(score: FloatArray, total: int, cap: int, risk: FloatArray | None = None) -> IntArray:
-    """Each extra copy to the expert with the highest score per copy (DeepSeek's rule on ``score``).
-
-    With ``risk``, a copy's score is score/c + risk/c**2 (see solve.copy_load).
-    """
+def greedy_counts(score: FloatArray, total: int, cap: int) -> IntArray:
+    """Each extra copy to the expert with the highest score per copy (DeepSeek's rule on ``score``)."""
     rows, num_experts = score.shape
     counts = np.ones((rows, num_experts), dtype=np.int64)
     row_ids = np.arange(rows)
-    premium = np.zeros_like(score) if risk is None else risk
     for _ in range(total - num_experts):
-        hot = np.argmax(np.where(counts < cap, score / counts + premium / counts**2, -np.inf), axis=1)
+        hot = np.argmax(np.where(counts < cap, score / counts, -np.inf), axis=1)
         counts[row_ids, hot] += 1
     return counts
 
 
-def scenario_counts(scenarios: FloatArray, total: int, cap: int, risk: FloatArray | None = None) -> IntArray:
+def scenario_counts(scenarios: FloatArray, total: int, cap: int) -> IntArray:
     """Extra copies that most reduce the sum over scenarios of the largest per-copy load.
 
     scenarios [B, K, E]. With one slot per GPU this is exactly the expected per-step
@@ -47,10 +43,9 @@ def scenario_counts(scenarios: FloatArray, total: int, cap: int, risk: FloatArra
     counts = np.ones((rows, num_experts), dtype=np.int64)
     if extra <= 0:
         return counts
-    premium = np.zeros((rows, num_experts)) if risk is None else risk
     keep = min(num_experts, extra + 2)
     if keep < num_experts:
-        top = np.argpartition(-(scenarios + premium[:, None, :]), keep - 1, axis=2)[:, :, :keep]
+        top = np.argpartition(-scenarios, keep - 1, axis=2)[:, :, :keep]
         member = np.zeros((rows, num_experts), dtype=bool)
         member[np.arange(rows)[:, None, None], top] = True
     else:
@@ -60,23 +55,21 @@ def scenario_counts(scenarios: FloatArray, total: int, cap: int, risk: FloatArra
     valid = np.take_along_axis(member, cols, axis=1)
     sub = np.take_along_axis(scenarios, np.broadcast_to(cols[:, None, :], (rows, num_scen, width)), axis=2)
     sub = np.where(valid[:, None, :], sub, 0.0)
-    sub_risk = np.where(valid, np.take_along_axis(premium, cols, axis=1), 0.0)[:, None, :]
     sub_counts = np.ones((rows, width), dtype=np.int64)
     row_ids = np.arange(rows)
     flat_rows = np.repeat(row_ids, num_scen)
     mean_sub = sub.mean(axis=1)
     for _ in range(extra):
-        c = sub_counts[:, None, :].astype(np.float64)
-        per_copy = sub / c + sub_risk / (c * c)
+        per_copy = sub / sub_counts[:, None, :]
         first = np.argmax(per_copy, axis=2)  # [B, K]
         best = np.take_along_axis(per_copy, first[..., None], axis=2)[..., 0]
         masked = per_copy.copy()
         np.put_along_axis(masked, first[..., None], -np.inf, axis=2)
         second = masked.max(axis=2) if width > 1 else np.zeros_like(best)
-        c1 = np.take_along_axis(c, first[..., None], axis=2)[..., 0] + 1.0
-        after = np.take_along_axis(sub, first[..., None], axis=2)[..., 0] / c1 + np.take_along_axis(
-            np.broadcast_to(sub_risk, sub.shape), first[..., None], axis=2
-        )[..., 0] / (c1 * c1)
+        after = best * (
+            np.take_along_axis(sub_counts, first, axis=1)
+            / (np.take_along_axis(sub_counts, first, axis=1) + 1)
+        )
         gain = np.zeros((rows, width))
         np.add.at(gain, (flat_rows, first.ravel()), (best - np.maximum(second, after)).ravel())
         # tie-break on the mean load per copy so flat scenarios still pick a sensible expert

@@ -29,36 +29,16 @@ class Solution:
     cost: FloatArray
 
 
-def copy_load(values: FloatArray, counts: IntArray, risk: FloatArray | None) -> FloatArray:
-    """Load of one copy: values [B, ..., E] split over counts [B, E], plus the risk premium risk / counts**2."""
-    extra = (-1,) + (1,) * (values.ndim - 2) + (counts.shape[-1],)
-    c = counts.reshape(extra).astype(np.float64)
-    if risk is None:
-        return values / c
-    out: FloatArray = values / c + risk.reshape(extra) / (c * c)
-    return out
-
-
-def solve_rows(
-    mean: FloatArray, scenarios: FloatArray, bins: Bins, cap: int, risk: FloatArray | None = None
-) -> Solution:
-    """mean [B, E] forecast and scenarios [B, K, E]; fills bins.num_gpus * bins.slots slots per row.
-
-    ``risk`` [B, E]: premium for per-step noise; a copy of expert e with c copies counts as
-    load/c + risk[e]/c**2 (its variance shrinks with c squared).
-    """
+def solve_rows(mean: FloatArray, scenarios: FloatArray, bins: Bins, cap: int) -> Solution:
+    """mean [B, E] forecast and scenarios [B, K, E]; fills bins.num_gpus * bins.slots slots per row."""
     rows, num_experts = mean.shape
     total = bins.num_gpus * bins.slots
     # copies per expert: at most one per conflict domain, unless the slots need more
     cap = max(-(-total // num_experts), min(cap, total - num_experts + 1))
     candidates = [greedy_counts(mean, total, cap)]
-    if risk is not None:
-        alt = greedy_counts(mean, total, cap, risk)
-        if not np.array_equal(alt, candidates[0]):
-            candidates.append(alt)
     if scenarios.shape[1] > 1 and total > num_experts:
-        alt = scenario_counts(scenarios, total, cap, risk)
-        if not any(np.array_equal(alt, c) for c in candidates):
+        alt = scenario_counts(scenarios, total, cap)
+        if not np.array_equal(alt, candidates[0]):
             candidates.append(alt)
     exhaustive = False
     if total > num_experts:
@@ -72,9 +52,8 @@ def solve_rows(
     num_cand = counts.shape[1]
     flat_counts = counts.reshape(-1, num_experts)
     expert = expand(flat_counts)  # [R, I]
-    flat_risk = None if risk is None else np.repeat(risk, num_cand, axis=0)
     flat_mean = np.repeat(mean, num_cand, axis=0)
-    weight = np.take_along_axis(copy_load(flat_mean, flat_counts, flat_risk), expert, axis=1)
+    weight = np.take_along_axis(flat_mean / flat_counts, expert, axis=1)
     layout = lpt(weight, expert, num_experts, bins)
     if exhaustive and num_cand > REFINED_PER_ROW:
         peak = gpu_totals(weight, layout).max(axis=1).reshape(rows, num_cand)
@@ -82,18 +61,15 @@ def solve_rows(
         pick = (np.arange(rows)[:, None] * num_cand + keep).ravel()
         expert, weight, layout, flat_counts = expert[pick], weight[pick], layout[pick], flat_counts[pick]
         num_cand = keep.shape[1]
-        flat_risk = None if flat_risk is None else flat_risk[pick]
     layout = refine(weight, expert, num_experts, bins, layout)
     slot_expert = np.take_along_axis(expert, layout.reshape(layout.shape[0], -1), axis=1)
-    cost = expected_peak(
-        np.repeat(scenarios, num_cand, axis=0), flat_counts, slot_expert, bins.num_gpus, flat_risk
-    )
+    cost = expected_peak(np.repeat(scenarios, num_cand, axis=0), flat_counts, slot_expert, bins.num_gpus)
     cost = cost.reshape(rows, num_cand)
     best = np.argmin(cost, axis=1)
     chosen = np.arange(rows) * num_cand + best
     slot_expert, counts = slot_expert[chosen], flat_counts[chosen]
     if scenarios.shape[1] > 1 and bins.slots > 1:
-        per_copy = copy_load(scenarios, counts, risk)
+        per_copy = scenarios / counts[:, None, :]
         load = np.take_along_axis(
             per_copy,
             np.broadcast_to(slot_expert[:, None, :], (rows, scenarios.shape[1], slot_expert.shape[1])),
@@ -105,20 +81,16 @@ def solve_rows(
         )
         order = refine_scenarios(load, slot_expert, num_experts, bins, start.copy())
         slot_expert = np.take_along_axis(slot_expert, order.reshape(rows, -1), axis=1)
-    final = expected_peak(scenarios, counts, slot_expert, bins.num_gpus, risk)
+    final = expected_peak(scenarios, counts, slot_expert, bins.num_gpus)
     return Solution(slot_expert.reshape(rows, bins.num_gpus, bins.slots), final)
 
 
 def expected_peak(
-    scenarios: FloatArray,
-    counts: IntArray,
-    slot_expert: IntArray,
-    num_gpus: int,
-    risk: FloatArray | None = None,
+    scenarios: FloatArray, counts: IntArray, slot_expert: IntArray, num_gpus: int
 ) -> FloatArray:
-    """Mean over scenarios of the busiest GPU's load (copies split evenly, plus risk), per row."""
+    """Mean over scenarios of the busiest GPU's load (copies split evenly), per row."""
     rows, num_scen, _ = scenarios.shape
-    per_copy = copy_load(scenarios, counts, risk)
+    per_copy = scenarios / counts[:, None, :]
     idx = np.broadcast_to(slot_expert[:, None, :], (rows, num_scen, slot_expert.shape[1]))
     loads = np.take_along_axis(per_copy, idx, axis=2).reshape(rows, num_scen, num_gpus, -1).sum(axis=3)
     out: FloatArray = loads.max(axis=2).mean(axis=1)
