@@ -186,8 +186,15 @@ def test_control_loop_balances_two_instances(
         procs[1].send_signal(signal.SIGTERM)
         procs[1].wait(10)
         within(2, lambda: "unreachable" in placement().get("message", ""), "the dead runtime reported")
-        _, bal = sample()
-        assert bal[0] is not None and bal[0] >= 0.9 * placement()["predictedBalancedness"]
+
+        def survivor_balanced() -> bool:
+            p, bal = sample()
+            pred = p.get("predictedBalancedness")
+            return bool(pred and bal[0] is not None and bal[0] >= 0.9 * pred)
+
+        # One window can dip a hair under the bar (a single runtime's window is noisier than the
+        # pool's aggregate the prediction is made for): it must get there within 2 refreshes.
+        within(2, survivor_balanced, "the surviving runtime balanced near the prediction")
         assert (held_version(ips[0]) or 0) >= v1
 
         # The operator restarts: versions continue (no reset to 0 or 1) and the first plan after
