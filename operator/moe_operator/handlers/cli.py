@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         settings.watching.client_timeout = 330
         settings.watching.inactivity_timeout = 600
         settings.execution.max_workers = 16
+        rt.use_executor(settings.execution.executor)
         if webhook is not None:
             cert, key, ca = webhook
             settings.admission.server = kopf.WebhookServer(

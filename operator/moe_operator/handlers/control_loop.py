@@ -388,7 +388,7 @@ def control_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwa
 
 
 @kopf.on.event(GROUP, RESOURCE)
-def forget_deleted(event: kopf.RawEvent, **_: Any) -> None:
+async def forget_deleted(event: kopf.RawEvent, **_: Any) -> None:
     """Drop a deleted deployment's pool states (kept otherwise for the life of the process)."""
     if event.get("type") == "DELETED":
         uid = str(event["object"]["metadata"].get("uid"))

@@ -1,7 +1,9 @@
 """kopf in-memory indexes: nodes, GPU use per node, and the pods and children of each deployment.
 
 Reconciles read these instead of calling the API, so a reconcile with nothing to change
-sends no request at all.
+sends no request at all. The index functions are async (cheap and pure): kopf then runs them
+on its event loop instead of queueing every watch event behind slow reconciles in its thread
+pool.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ MANAGED = {"app.kubernetes.io/managed-by": L.MANAGED_BY}
 
 
 @kopf.index("nodes")
-def node_index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
+async def node_index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
     """name -> the Node object's parts the planner reads."""
     return {
         name: {
@@ -38,7 +40,9 @@ def node_index(name: str, body: kopf.Body, **_: Any) -> dict[str, Any]:
 
 
 @kopf.index("pods")
-def gpu_use_index(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, **_: Any) -> dict[str, Any] | None:
+async def gpu_use_index(
+    body: kopf.Body, spec: kopf.Spec, status: kopf.Status, **_: Any
+) -> dict[str, Any] | None:
     """nodeName -> (owning deployment uid or "", GPUs) for every bound pod still holding GPUs."""
     node = spec.get("nodeName")
     if not node or status.get("phase") in ("Succeeded", "Failed"):
@@ -50,7 +54,7 @@ def gpu_use_index(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, **_: An
 
 
 @kopf.index("pods", labels=MANAGED)
-def engine_pod_index(
+async def engine_pod_index(
     name: str, namespace: str | None, body: kopf.Body, spec: kopf.Spec, status: kopf.Status, **_: Any
 ) -> dict[Any, Any] | None:
     """(namespace, deployment) -> engine pod summaries."""
@@ -100,44 +104,52 @@ def _child(kind: str, name: str, namespace: str | None, body: kopf.Body) -> dict
 
 # One index per kind the operator owns: (namespace, deployment) -> [child summaries].
 @kopf.index("statefulsets", labels=MANAGED)
-def statefulset_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+async def statefulset_index(
+    name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[Any, Any] | None:
     return _child("StatefulSet", name, namespace, body)
 
 
 @kopf.index("deployments", labels=MANAGED)
-def deployment_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+async def deployment_index(
+    name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[Any, Any] | None:
     return _child("Deployment", name, namespace, body)
 
 
 @kopf.index("services", labels=MANAGED)
-def service_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+async def service_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
     return _child("Service", name, namespace, body)
 
 
 @kopf.index("configmaps", labels=MANAGED)
-def configmap_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+async def configmap_index(
+    name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[Any, Any] | None:
     return _child("ConfigMap", name, namespace, body)
 
 
 @kopf.index("serviceaccounts", labels=MANAGED)
-def serviceaccount_index(
+async def serviceaccount_index(
     name: str, namespace: str | None, body: kopf.Body, **_: Any
 ) -> dict[Any, Any] | None:
     return _child("ServiceAccount", name, namespace, body)
 
 
 @kopf.index("roles.rbac.authorization.k8s.io", labels=MANAGED)
-def role_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+async def role_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
     return _child("Role", name, namespace, body)
 
 
 @kopf.index("rolebindings.rbac.authorization.k8s.io", labels=MANAGED)
-def rolebinding_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+async def rolebinding_index(
+    name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[Any, Any] | None:
     return _child("RoleBinding", name, namespace, body)
 
 
 @kopf.index("poddisruptionbudgets.policy", labels=MANAGED)
-def pdb_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
+async def pdb_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
     return _child("PodDisruptionBudget", name, namespace, body)
 
 

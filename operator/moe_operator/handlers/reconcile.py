@@ -161,7 +161,13 @@ def _reconcile(
         # once per deployment and process rather than watched: the operator needs no cluster-wide
         # list/watch on Secrets.
         if uid not in _tokens_present:
-            if kube.get(f"/api/v1/namespaces/{namespace}/secrets/{name}-runtime-token") is None:
+            # A deployment never reconciled has no token yet: create it without looking first
+            # (create leaves an existing one alone).
+            never_reconciled = "observedGeneration" not in current_status
+            if (
+                never_reconciled
+                or kube.get(f"/api/v1/namespaces/{namespace}/secrets/{name}-runtime-token") is None
+            ):
                 kube.create(token_secret(owner, secrets.token_urlsafe(32)))
             _tokens_present.add(uid)
 
@@ -294,21 +300,26 @@ def _indexes(kwargs: dict[str, Any]) -> dict[str, Any]:
 @kopf.on.create(GROUP, RESOURCE)
 @kopf.on.update(GROUP, RESOURCE)
 def on_change(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
-    wakeups.reconciled((str(body.metadata.namespace or ""), str(body.metadata.name)), time.monotonic())
+    key = (str(body.metadata.namespace or ""), str(body.metadata.name))
+    wakeups.reconciled(key, time.monotonic())
     reconcile(body, patch, logger, _indexes(kwargs))
+    wakeups.settled(key)
 
 
 @kopf.timer(GROUP, RESOURCE, interval=WAKE_INTERVAL_S, initial_delay=WAKE_INTERVAL_S)
-def on_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
-    """Level-based catch-up: a child changed (pod ready, pod failed) or the period passed (capacity appeared)."""
+async def on_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, **kwargs: Any) -> None:
+    """Level-based catch-up: a child changed (pod ready, pod failed) or the period passed (capacity appeared).
+
+    Async so that a tick with nothing due costs no trip through the thread pool.
+    """
     if wakeups.due((str(body.metadata.namespace or ""), str(body.metadata.name)), time.monotonic()):
-        reconcile(body, patch, logger, _indexes(kwargs))
+        await rt.in_thread(reconcile, body, patch, logger, _indexes(kwargs))
 
 
 @kopf.on.event("pods", labels=MANAGED)
 @kopf.on.event("statefulsets", labels=MANAGED)
 @kopf.on.event("deployments", labels=MANAGED)
-def on_child_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
+async def on_child_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
     """A pod or workload of a deployment changed: reconcile it on the next tick, not the next period."""
     deployment = labels.get(L.DEPLOYMENT)
     if deployment and namespace:
@@ -316,10 +327,18 @@ def on_child_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None
 
 
 @kopf.on.event(GROUP, RESOURCE)
-def on_event(event: kopf.RawEvent, **_: Any) -> None:
-    """A deleted deployment's planned nodes are free again (no finalizer needed for that)."""
+async def on_event(event: kopf.RawEvent, **_: Any) -> None:
+    """Track specs waiting for their first reconcile; a deleted deployment's planned nodes are free again."""
+    obj = event["object"]
+    meta = obj["metadata"]
+    key = (str(meta.get("namespace") or ""), str(meta.get("name")))
     if event.get("type") == "DELETED":
-        meta = event["object"]["metadata"]
         _claims.pop(str(meta.get("uid")), None)
         _tokens_present.discard(str(meta.get("uid")))
-        wakeups.forget((str(meta.get("namespace") or ""), str(meta.get("name"))))
+        wakeups.forget(key)
+    elif meta.get("generation") == (obj.get("status") or {}).get("observedGeneration"):
+        # Also here, not only after on_change: kopf writes the metadata before the status, and
+        # the metadata event (old status) marks the spec pending again.
+        wakeups.settled(key)
+    elif not meta.get("deletionTimestamp"):
+        wakeups.pending(key, time.monotonic())

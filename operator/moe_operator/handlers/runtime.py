@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import TypeVar
+
 from moe_operator.handlers.kube import Kube
 from moe_operator.render.group import RuntimeSettings
 
 _kube: Kube | None = None
 _settings = RuntimeSettings()
+_executor: Executor | None = None
+T = TypeVar("T")
 
 
 def configure(kube: Kube, settings: RuntimeSettings) -> None:
@@ -22,3 +31,28 @@ def kube() -> Kube:
 
 def settings() -> RuntimeSettings:
     return _settings
+
+
+def use_executor(executor: Executor) -> None:
+    """kopf's thread pool (set at startup): async handlers hand blocking work to the same pool."""
+    global _executor
+    _executor = executor
+
+
+async def in_thread(fn: Callable[..., T], *args: object) -> T:
+    """Run a blocking call in the operator's thread pool, as kopf runs sync handlers.
+
+    The context is copied (kopf.event finds its event queue there), and cancellation waits for
+    the thread to finish rather than leaving it orphaned, also as kopf does.
+    """
+    context = contextvars.copy_context()
+    future = asyncio.get_running_loop().run_in_executor(_executor, functools.partial(context.run, fn, *args))
+    cancelled: asyncio.CancelledError | None = None
+    while not future.done():
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is not None:
+        raise cancelled
+    return future.result()
