@@ -205,7 +205,12 @@ def run_round(
         for sts in api.get(f"/apis/apps/v1/namespaces/{ns}/statefulsets").json()["items"]
         if sts["metadata"].get("generation", 1) > 1
     )
+    # Wait for the namespace (and everything in it) to be gone: the garbage collection of one
+    # round must not load the next one's measurement.
     api.delete(f"/api/v1/namespaces/{ns}")
+    deadline = time.monotonic() + 300
+    while api.get(f"/api/v1/namespaces/{ns}").status_code != 404 and time.monotonic() < deadline:
+        time.sleep(1)
     return {
         "arrival": arrival,
         "replanned": replanned,

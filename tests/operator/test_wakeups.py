@@ -35,21 +35,23 @@ def test_forget_drops_marks_and_history() -> None:
 
 
 def test_pending_specs_go_first_for_at_most_max_defer() -> None:
-    w = Wakeups(5.0, max_defer_s=10.0)
+    w = Wakeups(5.0, max_defer_s=2.0)
     old, new = ("ns", "old"), ("ns", "new")
     w.reconciled(old, 100.0)
     w.pending(new, 100.5)
     w.mark(old)
     assert not w.due(new, 101.0), "the change handler reconciles a pending spec, not the tick"
     assert not w.due(old, 101.0), "a marked deployment waits while another's new spec is pending"
-    assert w.due(old, 110.0), "... but never longer than max_defer_s after its last reconcile"
+    assert not w.due(old, 102.5)
+    assert w.due(old, 103.0), "... but never longer than max_defer_s after it was first due"
     w.mark(old)
+    assert not w.due(old, 103.5), "held again: the next mark starts a new hold"
     w.settled(new)
-    assert w.due(old, 110.5), "nothing pending: a mark is due at once again"
+    assert w.due(old, 104.0), "nothing pending: a mark is due at once again"
 
 
 def test_a_pending_spec_whose_handler_keeps_failing_stops_holding_others_back() -> None:
-    w = Wakeups(5.0, max_defer_s=100.0, pending_ttl_s=30.0)
+    w = Wakeups(5.0, max_defer_s=100.0, pending_ttl_s=30.0)  # holds longer than the TTL
     old, stuck = ("ns", "old"), ("ns", "stuck")
     w.reconciled(old, 100.0)
     w.pending(stuck, 100.0)
