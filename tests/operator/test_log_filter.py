@@ -6,7 +6,7 @@ from moe_operator.handlers.cli import RoutineSuccessFilter
 
 
 def test_routine_success_lines_are_dropped_and_failures_kept() -> None:
-    f = RoutineSuccessFilter()
+    f = RoutineSuccessFilter(["on_timer", "on_child_event"])
 
     def record(level: int, msg: str) -> logging.LogRecord:
         return logging.LogRecord("kopf.objects", level, __file__, 1, msg, None, None)

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,19 +44,20 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-# Handlers that run every second per deployment, or on every watched pod/node event: kopf logs
-# each success at INFO, which at 1,000 deployments is 1,000+ lines a second of noise. Their
-# failures are still logged.
-_ROUTINE = re.compile(
-    r"^(Timer|Handler) '(on_timer|control_timer|on_child_event|on_event|forget_deleted)' succeeded\.$"
-)
-
-
 class RoutineSuccessFilter(logging.Filter):
-    """Drops kopf's per-tick and per-event success lines; keeps everything else."""
+    """Drops kopf's INFO success line of the named handlers; keeps everything else.
+
+    For handlers that run every second per deployment or on every watched event: kopf logs each
+    success, which at 1,000 deployments is 1,000+ lines a second of noise. Failures still show.
+    """
+
+    def __init__(self, handler_names: Iterable[str]) -> None:
+        super().__init__()
+        names = "|".join(re.escape(n) for n in handler_names)
+        self._routine = re.compile(rf"^(Timer|Handler) '({names})' succeeded\.$")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.INFO and _ROUTINE.match(record.getMessage()))
+        return not (record.levelno == logging.INFO and self._routine.match(record.getMessage()))
 
 
 def _webhook_files(args: argparse.Namespace) -> tuple[Path, Path, Path]:
@@ -84,7 +86,14 @@ def run(args: argparse.Namespace) -> int:
     from moe_operator.render.group import RuntimeSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kopf.objects").addFilter(RoutineSuccessFilter())
+    routine: tuple[Callable[..., Any], ...] = (
+        reconcile.on_timer,
+        reconcile.on_child_event,
+        reconcile.on_event,
+        control_loop.control_timer,
+        control_loop.forget_deleted,
+    )
+    logging.getLogger("kopf.objects").addFilter(RoutineSuccessFilter(f.__name__ for f in routine))
     rt.configure(
         Kube(apply_concurrency=args.apply_concurrency), RuntimeSettings(runtime_image=args.runtime_image)
     )
