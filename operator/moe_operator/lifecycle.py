@@ -123,8 +123,10 @@ def decide(group: GroupState, now: datetime, may_roll: bool) -> GroupDecision:
 
 
 def formed(group: GroupState) -> bool:
-    """Every rank runs and no world is recorded yet: time to record its members."""
-    running = [p for p in group.pods if p.phase == "Running"]
+    """Every rank runs the current template and no world is recorded yet: time to record its
+    members. Old-template pods may still be running just after a roll was started; recording
+    them would make their replacements look like ranks recreated alone."""
+    running = [p for p in group.pods if p.phase == "Running" and p.template_hash == group.template_hash]
     return not group.members and len(running) == group.nnodes
 
 

@@ -176,13 +176,6 @@ INVALID_SPECS: tuple[InvalidSpec, ...] = (
     ),
     InvalidSpec("unknown-field", {"decode": {"gpus": 8}}, "spec.decode.gpus", "remove it", "schema"),
     InvalidSpec(
-        "group-backend-lws-not-implemented",
-        {"topology": {"groupBackend": "LeaderWorkerSet"}},
-        "spec.topology.groupBackend",
-        "set it to auto or StatefulSet",
-        "webhook",
-    ),
-    InvalidSpec(
         "router-policy-unknown",
         {"router": {"policy": "least_loaded"}},
         "spec.router.policy",

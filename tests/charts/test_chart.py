@@ -184,6 +184,7 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
             ("", "serviceaccounts"),
             ("apps", "statefulsets"),
             ("apps", "deployments"),
+            ("leaderworkerset.x-k8s.io", "leaderworkersets"),
             ("policy", "poddisruptionbudgets"),
             ("rbac.authorization.k8s.io", "roles"),
             ("rbac.authorization.k8s.io", "rolebindings"),

@@ -3,43 +3,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from moe_operator.api import MoEDeploymentSpec
 from moe_operator.lifecycle import GroupState, PodState, decide, pool_may_roll
 from moe_operator.render.children import placement_versions, render_children
 from moe_operator.render.group import BOOT_PLACEMENT, Owner, RuntimeSettings
-from moe_operator.topology.planner import Placement, TopologyPlan
+from render_cases import TWO_CLIQUE_PLAN, gb200_decode_spec
 
-REPO = Path(__file__).resolve().parents[2]
 OWNER = Owner("m", "ns", "uid-1")
-
-
-def spec(mode: str) -> MoEDeploymentSpec:
-    obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-gb200.yaml").read_text())
-    obj["spec"].pop("prefill")
-    obj["spec"]["decode"].update({"replicas": 2, "nodesPerReplica": 4, "attentionDataParallel": 16})
-    obj["spec"]["eplb"].update({"mode": mode, "redundantExperts": 16})
-    return MoEDeploymentSpec.model_validate(obj["spec"])
-
-
-PLAN = TopologyPlan(
-    placements=tuple(
-        Placement(
-            "decode",
-            i,
-            "nvlink",
-            "nvidia.com/gpu.clique",
-            f"clique-{i}",
-            tuple(f"n{i}-{r}" for r in range(4)),
-        )
-        for i in range(2)
-    ),
-    waiting=(),
-)
+PLAN = TWO_CLIQUE_PLAN
+spec = gb200_decode_spec
 
 
 def templates(mode: str, status: dict[str, Any]) -> list[dict[str, Any]]:

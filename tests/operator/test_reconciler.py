@@ -295,6 +295,40 @@ def test_idle_operator_makes_no_writes_and_restart_converges(
     assert _uids(engine_pods(api, deployed, name)) == pods
 
 
+def change_spec_and_watch_roll(
+    api: httpx.Client, namespace: str, name: str, instances: int, ranks: int, timeout: float
+) -> tuple[int, dict[str, Any]]:
+    """Change the engine args (a new pod template) and poll until every decode pod was replaced
+    and the deployment is Ready; returns the fewest instances serving at any poll, and the object."""
+    before = _uids(engine_pods(api, namespace, name))
+    patch = {"spec": {"engine": {"extraArgs": ["--trust-remote-code", "--cuda-graph-max-bs", "64"]}}}
+    resp = api.patch(
+        moed_path(namespace, name), json=patch, headers={"Content-Type": "application/merge-patch+json"}
+    )
+    assert resp.status_code == 200, resp.text
+    min_serving, deadline = instances, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got: dict[str, Any] = api.get(moed_path(namespace, name)).json()
+        pods = engine_pods(api, namespace, name)
+        groups = pods_by_instance(pods)
+        serving = sum(
+            1
+            for i in range(instances)
+            if len(members := groups.get(("decode", str(i)), [])) == ranks
+            and all(pod_ready(p) for p in members)
+        )
+        min_serving = min(min_serving, serving)
+        uids = _uids(pods)
+        if (
+            len(uids) == instances * ranks
+            and not set(uids.values()) & set(before.values())
+            and condition(got, "Ready")["status"] == "True"
+        ):
+            return min_serving, got
+        time.sleep(0.2)
+    raise AssertionError(f"the roll did not finish in {timeout:.0f}s: {got.get('status')}")
+
+
 def test_spec_change_rolls_one_instance_at_a_time(api: httpx.Client, deployed: str) -> None:
     obj = example("deepseek-v3-gb200.yaml")
     obj["metadata"]["name"] = "rolling"
@@ -303,34 +337,7 @@ def test_spec_change_rolls_one_instance_at_a_time(api: httpx.Client, deployed: s
     obj["spec"]["eplb"]["redundantExperts"] = 8
     assert api.post(moed_path(deployed), json=obj).status_code == 201
     wait_ready(api, deployed, "rolling")
-    before = _uids(engine_pods(api, deployed, "rolling"))
-
-    patch = {"spec": {"engine": {"extraArgs": ["--trust-remote-code", "--cuda-graph-max-bs", "64"]}}}
-    resp = api.patch(
-        moed_path(deployed, "rolling"), json=patch, headers={"Content-Type": "application/merge-patch+json"}
-    )
-    assert resp.status_code == 200, resp.text
-    min_ready, deadline = 2, time.monotonic() + 120
-    while time.monotonic() < deadline:
-        got = api.get(moed_path(deployed, "rolling")).json()
-        pods = engine_pods(api, deployed, "rolling")
-        groups = pods_by_instance(pods)
-        serving = sum(
-            1
-            for i in ("0", "1")
-            if len(groups.get(("decode", i), [])) == 2 and all(pod_ready(p) for p in groups[("decode", i)])
-        )
-        min_ready = min(min_ready, serving)
-        uids = _uids(pods)
-        if (
-            len(uids) == 4
-            and not set(uids.values()) & set(before.values())
-            and condition(got, "Ready")["status"] == "True"
-        ):
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError("the roll did not finish in 120s")
+    min_ready, got = change_spec_and_watch_roll(api, deployed, "rolling", instances=2, ranks=2, timeout=120)
     assert min_ready >= 1, "both instances were down at once during the roll"
     assert got["status"]["pools"]["decode"]["updatedReplicas"] == 2
 

@@ -33,6 +33,8 @@ class Reason:
     PLACEMENT_STALE = "PlacementStale"
     IMBALANCE_HIGH = "ImbalanceHigh"
     INVALID_SPEC = "InvalidSpec"
+    LEADERWORKERSET_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
+    LEADERWORKERSET_NOT_WATCHED = "LeaderWorkerSetNotWatched"
     AS_EXPECTED = "AsExpected"
 
 

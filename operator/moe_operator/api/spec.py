@@ -356,10 +356,13 @@ class TopologySpec(APIObject):
     )
     group_backend: Literal["auto", "StatefulSet", "LeaderWorkerSet"] = Field(
         default="auto",
-        description="What runs one multi-node engine instance: StatefulSet (one per group, with a "
-        "headless Service; no extra controller). auto means StatefulSet in this version; "
-        "LeaderWorkerSet is reserved and refused at admission until the operator implements it. "
-        "Either way a failed rank restarts its whole group.",
+        description="What runs one engine instance's pod group: StatefulSet (one per instance, with a "
+        "headless Service; no extra controller) or LeaderWorkerSet (one per instance; needs the "
+        "LeaderWorkerSet controller, leaderworkerset.x-k8s.io/v1). auto takes LeaderWorkerSet when "
+        "the cluster serves it when the deployment is first reconciled, else StatefulSet, and keeps "
+        "that choice (status.pools.*.groupBackend). Either way the operator restarts a failed group "
+        "whole with backoff and rolls spec changes one instance at a time. Changing it on a running "
+        "deployment replaces every instance at once.",
     )
     host_network: bool = Field(
         default=False,

@@ -82,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     from moe_operator.handlers import admission, control_loop, indexes, reconcile  # noqa: F401  (registers handlers)
     from moe_operator.handlers import runtime as rt
-    from moe_operator.handlers.kube import Kube
-    from moe_operator.render.group import RuntimeSettings
+    from moe_operator.handlers.kube import Kube, KubeError
+    from moe_operator.render.group import LWS_API_VERSION, RuntimeSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     routine: tuple[Callable[..., Any], ...] = (
@@ -114,6 +114,13 @@ def run(args: argparse.Namespace) -> int:
         settings.watching.inactivity_timeout = 600
         settings.execution.max_workers = 16
         rt.use_executor(settings.execution.executor)
+        try:
+            lws = rt.kube().get(f"/apis/{LWS_API_VERSION}") is not None
+        except KubeError as exc:
+            logging.getLogger(__name__).warning(f"cannot tell whether LeaderWorkerSet is served: {exc}")
+            lws = False
+        rt.note_leaderworkerset_watched(lws)
+        logging.getLogger(__name__).info(f"LeaderWorkerSet ({LWS_API_VERSION}) served at start: {lws}")
         if webhook is not None:
             cert, key, ca = webhook
             settings.admission.server = kopf.WebhookServer(

@@ -148,6 +148,35 @@ async def rolebinding_index(
     return _child("RoleBinding", name, namespace, body)
 
 
+@kopf.index("leaderworkersets.leaderworkerset.x-k8s.io", labels=MANAGED)
+async def leaderworkerset_index(
+    name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[Any, Any] | None:
+    """kopf watches this only while the LeaderWorkerSet CRD exists (it logs once when it does not)."""
+    return _child("LeaderWorkerSet", name, namespace, body)
+
+
+LEADERWORKERSET_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
+
+
+@kopf.index("customresourcedefinitions.apiextensions.k8s.io")
+async def leaderworkerset_api_index(name: str, body: kopf.Body, **_: Any) -> dict[str, bool] | None:
+    """The LeaderWorkerSet CRD -> whether it serves v1 now (groupBackend auto and LeaderWorkerSet).
+
+    A watch, not a lookup per reconcile: installing or removing the controller is seen in seconds.
+    """
+    if name != LEADERWORKERSET_CRD:
+        return None
+    established = any(
+        c.get("type") == "Established" and c.get("status") == "True"
+        for c in body.get("status", {}).get("conditions") or []
+    )
+    served = any(
+        v.get("name") == "v1" and v.get("served") for v in body.get("spec", {}).get("versions") or []
+    )
+    return {name: established and served and not body.metadata.get("deletionTimestamp")}
+
+
 @kopf.index("poddisruptionbudgets.policy", labels=MANAGED)
 async def pdb_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
     return _child("PodDisruptionBudget", name, namespace, body)
@@ -162,4 +191,10 @@ CHILD_INDEXES = (
     "role_index",
     "rolebinding_index",
     "pdb_index",
+    "leaderworkerset_index",
 )
+
+
+def leaderworkerset_served(index: Any) -> bool:
+    """From leaderworkerset_api_index: the cluster serves leaderworkerset.x-k8s.io/v1."""
+    return any(index.get(LEADERWORKERSET_CRD, ()))

@@ -36,6 +36,10 @@ _KINDS: dict[tuple[str, str], tuple[str, str]] = {
     ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
     ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): (
+        "/apis/leaderworkerset.x-k8s.io/v1",
+        "leaderworkersets",
+    ),
     ("moe.inference.dev/v1alpha1", "MoEDeployment"): ("/apis/moe.inference.dev/v1alpha1", "moedeployments"),
 }
 
@@ -58,7 +62,7 @@ class KubeError(RuntimeError):
 
 # Workloads last: their pods need the ServiceAccount and ConfigMaps to exist, or the
 # controllers that create them back off and delay readiness.
-_WORKLOAD_KINDS = frozenset({"StatefulSet", "Deployment"})
+_WORKLOAD_KINDS = frozenset({"StatefulSet", "Deployment", "LeaderWorkerSet"})
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,10 @@ def node_snapshot(
     return out
 
 
-def previous_placements(statefulsets: Iterable[Mapping[str, Any]], name: str) -> list[Placement]:
+def previous_placements(groups: Iterable[Mapping[str, Any]], name: str) -> list[Placement]:
+    """Where each instance ran, from its group object's (StatefulSet or LeaderWorkerSet) annotation."""
     out = []
-    for sts in statefulsets:
+    for sts in groups:
         raw = sts["annotations"].get(L.PLACEMENT)
         prefix = f"{name}-"
         if not raw or not sts["name"].startswith(prefix):
@@ -61,8 +62,11 @@ def group_states(
     statefulsets: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
     plan: TopologyPlan,
+    desired_hashes: Mapping[str, str] | None = None,
 ) -> list[GroupState]:
-    """One GroupState per existing instance StatefulSet that the plan keeps."""
+    """One GroupState per existing instance group object (StatefulSet or LeaderWorkerSet) that the
+    plan keeps. ``desired_hashes`` (instance name -> pod template hash just rendered) is the
+    template the group should run, ahead of what the watch has delivered."""
     by_instance: dict[tuple[str, int], list[PodState]] = {}
     for pod in pods:
         if pod["deleting"]:
@@ -95,7 +99,7 @@ def group_states(
                 pool=placement.pool,
                 index=placement.index,
                 nnodes=pool_layout(specs[placement.pool], spec.topology).nodes,  # type: ignore[index]
-                template_hash=ann.get(L.TEMPLATE_HASH, ""),
+                template_hash=(desired_hashes or {}).get(sts["name"]) or ann.get(L.TEMPLATE_HASH, ""),
                 epoch=parse_time(ann.get(L.GROUP_EPOCH) or sts["created"]),
                 restarts=int(ann.get(L.GROUP_RESTARTS, "0")),
                 pods=tuple(sorted(by_instance.get(placement.key, []), key=lambda p: p.rank)),
@@ -117,6 +121,7 @@ def compute_status(
     restarting: Mapping[tuple[str, int], tuple[str, str]],
     router_status: Mapping[str, Any] | None,
     now: datetime,
+    backend: str = "StatefulSet",
 ) -> dict[str, Any]:
     """The status this reconcile observed; conditions keep their transition times."""
     pools_status: dict[str, Any] = {}
@@ -133,7 +138,7 @@ def compute_status(
             "selector": ",".join(f"{k}={v}" for k, v in sorted(L.pool_selector(name, pool).items())),
             "epSize": layout.ep_size,
             "attentionTensorParallel": layout.attention_tp,
-            "groupBackend": "StatefulSet",
+            "groupBackend": backend,
             "groupRestarts": sum(g.restarts for g in mine),
         }
     router: dict[str, Any] = {

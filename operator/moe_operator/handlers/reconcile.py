@@ -20,9 +20,9 @@ import kopf
 from pydantic import ValidationError
 
 from moe_operator.api import MoEDeploymentSpec
-from moe_operator.api.conditions import set_condition
+from moe_operator.api.conditions import Reason, set_condition
 from moe_operator.handlers import runtime as rt
-from moe_operator.handlers.indexes import MANAGED
+from moe_operator.handlers.indexes import MANAGED, leaderworkerset_served
 from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.observe import (
     compute_status,
@@ -35,8 +35,14 @@ from moe_operator.handlers.status_metrics import export_status
 from moe_operator.handlers.wakeups import Wakeups
 from moe_operator.lifecycle import GroupState, decide, formed, pool_may_roll, restarts_after
 from moe_operator.render import labels as L
-from moe_operator.render.children import placement_versions, render_children
-from moe_operator.render.group import Owner
+from moe_operator.render.children import (
+    LeaderWorkerSetState,
+    placement_versions,
+    recorded_group_backend,
+    render_children,
+    resolve_group_backend,
+)
+from moe_operator.render.group import LWS_API_VERSION, GroupBackend, Owner
 from moe_operator.render.shared import token_secret
 from moe_operator.topology.planner import plan_topology
 from moe_operator.topology.requests import pool_requests, topology_policy
@@ -123,24 +129,38 @@ def _reconcile(
             problems = [type("P", (), {"field": "spec", "message": str(exc)})()]  # pragma: no cover
         if problems:
             message = "; ".join(f"{p.field}: {p.message}" for p in problems)[:4000]
-            conditions = current_status.get("conditions") or []
-            invalid: tuple[tuple[str, Literal["True", "False"]], ...] = (
-                ("Ready", "False"),
-                ("Degraded", "True"),
-            )
-            for type_, status in invalid:
-                conditions = set_condition(conditions, type_, status, "InvalidSpec", message, generation, now)
-            invalid_status = {"observedGeneration": generation, "conditions": conditions}
-            export_status(namespace, name, invalid_status)
-            if status_changed(current_status, invalid_status):
-                kopf.warn(body, reason="InvalidSpec", message=message)
-                patch.status.update(invalid_status)
+            _stop(body, patch, current_status, "InvalidSpec", message, generation, now)
+            return
+        served = leaderworkerset_served(indexes["leaderworkerset_api_index"])
+        lws_state: LeaderWorkerSetState = (
+            "absent" if not served else "served" if rt.leaderworkerset_watched() else "unwatched"
+        )
+        backend = resolve_group_backend(
+            spec.topology.group_backend, recorded_group_backend(current_status), lws_state
+        )
+        if backend is None:
+            if lws_state == "unwatched":
+                reason = Reason.LEADERWORKERSET_NOT_WATCHED
+                message = (
+                    "LeaderWorkerSet was installed after the operator started, so the operator does "
+                    "not watch LeaderWorkerSets yet: restart the operator (for example kubectl -n "
+                    "moe-system rollout restart deployment/moe-operator)"
+                )
+            else:
+                reason = Reason.LEADERWORKERSET_NOT_INSTALLED
+                message = (
+                    "the instances are to run as LeaderWorkerSets (spec.topology.groupBackend "
+                    f"{spec.topology.group_backend}), but the cluster does not serve "
+                    "leaderworkerset.x-k8s.io/v1: install the LeaderWorkerSet controller, or set "
+                    "spec.topology.groupBackend to StatefulSet (that replaces every running instance)"
+                )
+            _stop(body, patch, current_status, reason, message, generation, now)
             return
 
         key = (namespace, name)
         owner = Owner(name=name, namespace=namespace, uid=uid)
         children = _children(indexes, key)
-        statefulsets = [c for c in children if c["kind"] == "StatefulSet"]
+        statefulsets = [c for c in children if c["kind"] == backend]
         # Snapshot, plan and claim under one process-wide lock: two deployments planned at once
         # would otherwise both take the same free nodes, and the loser would move (and restart)
         # on its next reconcile.
@@ -171,7 +191,9 @@ def _reconcile(
                 kube.create(token_secret(owner, secrets.token_urlsafe(32)))
             _tokens_present.add(uid)
 
-        desired = render_children(spec, owner, plan, rt.settings(), placement_versions(current_status))
+        desired = render_children(
+            spec, owner, plan, rt.settings(), placement_versions(current_status), backend
+        )
         observed = {(c["kind"], c["name"]): c for c in children}
         stale: list[dict[str, Any]] = []
         for obj in desired:
@@ -183,24 +205,27 @@ def _reconcile(
             if have is None and _recently_applied.get((namespace, *child_key)) == (want, _applied_epoch(now)):
                 continue  # applied moments ago; the watch has not delivered it to the index yet
             stale.append(obj)
-        for obj in kube.apply_in_waves(stale):
-            child_key = (obj["kind"], obj["metadata"]["name"])
-            _recently_applied[(namespace, *child_key)] = (
-                obj["metadata"]["annotations"][L.SPEC_HASH],
-                _applied_epoch(now),
-            )
+        pods = list(indexes["engine_pod_index"].get(key, []))
+        # A LeaderWorkerSet recreates its group as soon as its template changes: such changes to
+        # running instances wait here until the lifecycle below lets that instance roll.
+        held = {o["metadata"]["name"]: o for o in stale if _template_change_of_running(o, observed, pods)}
+        for obj in kube.apply_in_waves([o for o in stale if o["metadata"]["name"] not in held]):
+            _remember_applied(namespace, obj, now)
             logger.info(f"applied {obj['kind']} {obj['metadata']['name']}")
         wanted = {(o["kind"], o["metadata"]["name"]) for o in desired}
         for (kind, child), c in observed.items():
             # Only objects this reconciler rendered (they carry a spec hash) are pruned.
             if c["specHash"] and (kind, child) not in wanted:
-                api_version = "apps/v1" if kind in ("StatefulSet", "Deployment") else _api_version(kind)
-                kube.delete(api_version, kind, namespace, child)
+                kube.delete(_api_version(kind), kind, namespace, child)
                 logger.info(f"deleted {kind} {child}: no longer in the plan")
 
         # Group semantics: restart broken instances whole; roll spec changes one at a time.
-        pods = list(indexes["engine_pod_index"].get(key, []))
-        groups = group_states(spec, name, statefulsets, pods, plan)
+        desired_hashes = {
+            o["metadata"]["name"]: o["metadata"]["annotations"][L.TEMPLATE_HASH]
+            for o in desired
+            if o["kind"] == backend
+        }
+        groups = group_states(spec, name, statefulsets, pods, plan, desired_hashes)
         restarting: dict[tuple[str, int], tuple[str, str]] = {}
         emitted: set[tuple[str, str]] = set()  # (reason, message) of events posted by this reconcile
         for pool in {g.pool for g in groups}:
@@ -219,7 +244,7 @@ def _reconcile(
                         L.GROUP_MEMBERS: "",
                     }
                     kube.merge_patch(
-                        _sts_path(namespace, name, g),
+                        _group_path(namespace, name, g, backend),
                         {"metadata": {"annotations": annotations}},
                         LIFECYCLE_MANAGER,
                     )
@@ -228,7 +253,14 @@ def _reconcile(
                     for pod in g.pods:
                         if pod.node and pod.node not in indexes["node_index"]:
                             kube.delete_pod(namespace, pod.name, grace_period_s=0)
-                    kube.delete_pods(namespace, L.instance_selector(name, g.pool, g.index))
+                    instance = L.instance_name(name, g.pool, g.index)
+                    if instance in held:
+                        # The LeaderWorkerSet controller recreates the group on the new template.
+                        kube.apply(held[instance])
+                        _remember_applied(namespace, held[instance], now)
+                        logger.info(f"applied LeaderWorkerSet {instance}")
+                    else:
+                        kube.delete_pods(namespace, L.instance_selector(name, g.pool, g.index))
                     kopf.event(body, type="Normal", reason=decision.reason, message=decision.message)
                     emitted.add((decision.reason, decision.message))
                     logger.info(decision.message)
@@ -239,7 +271,7 @@ def _reconcile(
                     # The world formed: remember its ranks, so a rank recreated alone is noticed.
                     members = ",".join(sorted(p.uid for p in g.pods))
                     kube.merge_patch(
-                        _sts_path(namespace, name, g),
+                        _group_path(namespace, name, g, backend),
                         {"metadata": {"annotations": {L.GROUP_MEMBERS: members}}},
                         LIFECYCLE_MANAGER,
                     )
@@ -256,6 +288,7 @@ def _reconcile(
             restarting,
             router["status"] if router else None,
             now,
+            backend,
         )
         export_status(namespace, name, desired_status)
         if status_changed(current_status, desired_status):
@@ -277,12 +310,60 @@ def _reconcile(
             patch.status.update(desired_status)
 
 
-def _sts_path(namespace: str, name: str, g: GroupState) -> str:
-    return f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{L.instance_name(name, g.pool, g.index)}"
+def _stop(
+    body: kopf.Body,
+    patch: kopf.Patch,
+    current_status: dict[str, Any],
+    reason: str,
+    message: str,
+    generation: int,
+    now: datetime,
+) -> None:
+    """Report why nothing can be reconciled (Ready False, Degraded True) and touch no child."""
+    conditions = current_status.get("conditions") or []
+    stopped: tuple[tuple[str, Literal["True", "False"]], ...] = (("Ready", "False"), ("Degraded", "True"))
+    for type_, status in stopped:
+        conditions = set_condition(conditions, type_, status, reason, message, generation, now)
+    stop_status = {"observedGeneration": generation, "conditions": conditions}
+    export_status(str(body.metadata.namespace or ""), str(body.metadata.name), stop_status)
+    if status_changed(current_status, stop_status):
+        kopf.warn(body, reason=reason, message=message)
+        patch.status.update(stop_status)
+
+
+def _remember_applied(namespace: str, obj: dict[str, Any], now: datetime) -> None:
+    child_key = (obj["kind"], obj["metadata"]["name"])
+    _recently_applied[(namespace, *child_key)] = (
+        obj["metadata"]["annotations"][L.SPEC_HASH],
+        _applied_epoch(now),
+    )
+
+
+def _template_change_of_running(
+    obj: dict[str, Any], observed: dict[tuple[str, str], dict[str, Any]], pods: list[dict[str, Any]]
+) -> bool:
+    """A LeaderWorkerSet whose pod template changes while its group has pods."""
+    have = observed.get((obj["kind"], obj["metadata"]["name"]))
+    if obj["kind"] != "LeaderWorkerSet" or have is None:
+        return False
+    if have["annotations"].get(L.TEMPLATE_HASH) == obj["metadata"]["annotations"][L.TEMPLATE_HASH]:
+        return False
+    labels = obj["metadata"]["labels"]
+    return any(p["pool"] == labels[L.POOL] and str(p["instance"]) == labels[L.INSTANCE] for p in pods)
+
+
+def _group_path(namespace: str, name: str, g: GroupState, backend: GroupBackend) -> str:
+    instance = L.instance_name(name, g.pool, g.index)
+    if backend == "LeaderWorkerSet":
+        return f"/apis/{LWS_API_VERSION}/namespaces/{namespace}/leaderworkersets/{instance}"
+    return f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{instance}"
 
 
 def _api_version(kind: str) -> str:
     return {
+        "StatefulSet": "apps/v1",
+        "Deployment": "apps/v1",
+        "LeaderWorkerSet": LWS_API_VERSION,
         "PodDisruptionBudget": "policy/v1",
         "Role": "rbac.authorization.k8s.io/v1",
         "RoleBinding": "rbac.authorization.k8s.io/v1",
@@ -292,7 +373,7 @@ def _api_version(kind: str) -> str:
 def _indexes(kwargs: dict[str, Any]) -> dict[str, Any]:
     from moe_operator.handlers.indexes import CHILD_INDEXES
 
-    names = ("node_index", "gpu_use_index", "engine_pod_index", *CHILD_INDEXES)
+    names = ("node_index", "gpu_use_index", "engine_pod_index", "leaderworkerset_api_index", *CHILD_INDEXES)
     return {n: kwargs[n] for n in names}
 
 

@@ -15,6 +15,7 @@ from moe_operator.render.group import RuntimeSettings
 _kube: Kube | None = None
 _settings = RuntimeSettings()
 _executor: Executor | None = None
+_leaderworkerset_watched = False
 T = TypeVar("T")
 
 
@@ -31,6 +32,21 @@ def kube() -> Kube:
 
 def settings() -> RuntimeSettings:
     return _settings
+
+
+def note_leaderworkerset_watched(served_at_start: bool) -> None:
+    """Whether leaderworkerset.x-k8s.io/v1 was served when the operator started.
+
+    kopf only sees resources that discovery lists when it starts or right when a CRD event
+    arrives; a CRD installed later is typically listed by discovery after its last event, so
+    kopf never watches it until a restart. LeaderWorkerSets are used only when watched.
+    """
+    global _leaderworkerset_watched
+    _leaderworkerset_watched = served_at_start
+
+
+def leaderworkerset_watched() -> bool:
+    return _leaderworkerset_watched
 
 
 def use_executor(executor: Executor) -> None:

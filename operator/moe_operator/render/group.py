@@ -1,11 +1,12 @@
-"""One engine instance = one pod group: a StatefulSet (one pod per node) and a headless Service."""
+"""One engine instance = one pod group: a StatefulSet (one pod per node) and a headless Service,
+or one LeaderWorkerSet of a single group (its controller makes the StatefulSets and the Service)."""
 
 from __future__ import annotations
 
 import copy
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.derived import pool_layout
@@ -20,6 +21,9 @@ ENGINE_CONFIG_DIR = "/etc/moe/engine"
 PLACEMENT_DIR = "/etc/moe/placement"
 TOKEN_DIR = "/etc/moe/token"
 BOOT_PLACEMENT = f"{L.DOMAIN}/boot-placement-version"
+LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
+
+GroupBackend = Literal["StatefulSet", "LeaderWorkerSet"]
 
 
 @dataclass(frozen=True)
@@ -207,8 +211,9 @@ def instance_objects(
     settings: RuntimeSettings,
     engine_config_hash: str,
     boot_placement: int = 0,
+    backend: GroupBackend = "StatefulSet",
 ) -> list[dict[str, Any]]:
-    """The StatefulSet and headless Service of one instance.
+    """The StatefulSet and headless Service of one instance, or its LeaderWorkerSet.
 
     ``boot_placement`` (eplb mode static): the placement version pods boot with. A new version
     changes the template hash, so instances roll one at a time onto it (0: no annotation).
@@ -225,27 +230,37 @@ def instance_objects(
         template_annotations[BOOT_PLACEMENT] = str(boot_placement)
     template_hash = L.content_hash(hashed)
     nnodes = pool_layout(pools(spec)[pool], spec.topology).nodes
+    metadata = {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": labels,
+        "annotations": {
+            L.PLACEMENT: json.dumps(
+                {
+                    "kind": placement.kind,
+                    "label": placement.label,
+                    "domain": placement.domain,
+                    "nodes": list(placement.nodes),
+                },
+                sort_keys=True,
+            ),
+            L.TEMPLATE_HASH: template_hash,
+        },
+        "ownerReferences": [owner.reference()],
+    }
+    template = {
+        "metadata": {
+            "labels": labels,
+            "annotations": {L.TEMPLATE_HASH: template_hash, **template_annotations},
+        },
+        "spec": pod_spec,
+    }
+    if backend == "LeaderWorkerSet":
+        return [leader_worker_set(metadata, template, nnodes)]
     sts = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {
-            "name": name,
-            "namespace": owner.namespace,
-            "labels": labels,
-            "annotations": {
-                L.PLACEMENT: json.dumps(
-                    {
-                        "kind": placement.kind,
-                        "label": placement.label,
-                        "domain": placement.domain,
-                        "nodes": list(placement.nodes),
-                    },
-                    sort_keys=True,
-                ),
-                L.TEMPLATE_HASH: template_hash,
-            },
-            "ownerReferences": [owner.reference()],
-        },
+        "metadata": metadata,
         "spec": {
             "replicas": nnodes,
             "serviceName": name,
@@ -253,13 +268,7 @@ def instance_objects(
             # The operator rolls groups itself: all ranks of an instance restart together.
             "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": selector},
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {L.TEMPLATE_HASH: template_hash, **template_annotations},
-                },
-                "spec": pod_spec,
-            },
+            "template": template,
         },
     }
     svc = {
@@ -280,3 +289,29 @@ def instance_objects(
         },
     }
     return [sts, svc]
+
+
+def leader_worker_set(metadata: dict[str, Any], template: dict[str, Any], nnodes: int) -> dict[str, Any]:
+    """One instance as a LeaderWorkerSet of one group: rank 0 is the leader pod ``<name>-0``, ranks
+    1.. its workers, all reachable through the controller's headless Service ``<name>`` (so the
+    leader address is the same as with a StatefulSet).
+
+    restartPolicy None: the operator restarts failed groups itself, with the same backoff and
+    status as for StatefulSets. A template change is applied only when the operator lets that
+    instance roll (one per pool at a time); the controller then recreates the group.
+    """
+    return {
+        "apiVersion": LWS_API_VERSION,
+        "kind": "LeaderWorkerSet",
+        "metadata": metadata,
+        "spec": {
+            "replicas": 1,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {"maxUnavailable": 1, "maxSurge": 0},
+            },
+            "leaderWorkerTemplate": {"size": nnodes, "restartPolicy": "None", "workerTemplate": template},
+            "networkConfig": {"subdomainPolicy": "Shared"},
+        },
+    }

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from moe_operator.sandbox import nodepools, toolchain
+from moe_operator.sandbox import leaderworkerset, nodepools, toolchain
 from moe_operator.sandbox.cluster import Sandbox, SandboxError
 
 
@@ -33,6 +33,12 @@ def register(subparsers: Any) -> None:
 
     up = sub.add_parser("up", help="build (once) and start the sandbox; idempotent")
     up.add_argument("--nodes", type=Path, default=None, help="node pools file (default: the shipped one)")
+    up.add_argument(
+        "--leaderworkerset",
+        action="store_true",
+        help="also run the LeaderWorkerSet controller (built from sigs.k8s.io/lws) with its CRD and "
+        "webhooks, for spec.topology.groupBackend; start the operator after it",
+    )
     up.set_defaults(func=_up)
 
     down = sub.add_parser("down", help="stop every sandbox process")
@@ -50,6 +56,8 @@ def _up(args: argparse.Namespace) -> int:
     box = Sandbox(args.dir)
     try:
         seconds = box.up(args.nodes, log=_log)
+        if args.leaderworkerset:
+            seconds += leaderworkerset.install(box, log=_log)
     except (SandboxError, toolchain.BuildError) as exc:
         _log(f"error: {exc}")
         return 1

@@ -30,6 +30,8 @@ from moe_operator.sandbox.pki import Pki, ensure_pki
 Log = Callable[[str], None]
 
 COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Started on demand (moe_operator.sandbox.leaderworkerset), stopped by `down` like the rest.
+ADDONS = ("lws-controller",)
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,14 @@ class Ports:
     def kwok(self) -> int:
         return self.base + 247
 
+    @property
+    def lws_webhook(self) -> int:
+        return self.base + 445
+
+    @property
+    def lws_health(self) -> int:
+        return self.base + 446
+
     def all(self) -> dict[str, int]:
         return {
             "etcd": self.etcd,
@@ -70,6 +80,8 @@ class Ports:
             "kube-controller-manager": self.controller_manager,
             "kube-scheduler": self.scheduler,
             "kwok": self.kwok,
+            "lws-webhook": self.lws_webhook,
+            "lws-health": self.lws_health,
         }
 
 
@@ -180,6 +192,31 @@ class Sandbox:
             if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z"):
                 return None
         return pid
+
+    def start_addon(self, name: str, argv: list[str]) -> None:
+        """Start an optional component (one of ADDONS) the way the control plane is started."""
+        if name not in ADDONS:
+            raise KeyError(f"unknown sandbox addon {name!r}; known: {', '.join(ADDONS)}")
+        self._start(name, argv)
+
+    def stop_addon(self, name: str, grace: float = 10.0) -> None:
+        """Stop an optional component: SIGTERM, then SIGKILL after `grace` s."""
+        pid = self.pid(name)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.1)
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            _reap(pid)
+        self._pidfile(name).unlink(missing_ok=True)
+
+    def wait_ready(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
+        """Wait for a started component; its log tail is in the error when it exits or times out."""
+        self._wait(name, ready, timeout)
 
     def _start(self, name: str, argv: list[str]) -> None:
         self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
@@ -486,7 +523,7 @@ class Sandbox:
     # ---- teardown ----------------------------------------------------------------------------
     def down(self, log: Log = print, purge: bool = False) -> None:
         """Stop every process of this sandbox; with purge also delete its state (etcd data, PKI)."""
-        pids = {name: self.pid(name) for name in reversed(COMPONENT_ORDER)}
+        pids = {name: self.pid(name) for name in (*ADDONS, *reversed(COMPONENT_ORDER))}
         for name, pid in pids.items():
             if pid is not None:
                 log(f"stopping {name} (pid {pid})")
@@ -507,7 +544,7 @@ class Sandbox:
                     os.kill(pid, signal.SIGKILL)
         for pid in all_pids:
             _reap(pid)
-        for name in COMPONENT_ORDER:
+        for name in (*COMPONENT_ORDER, *ADDONS):
             self._pidfile(name).unlink(missing_ok=True)
         # etcd data is useless without its apiserver state; start fresh next time.
         shutil.rmtree(self.dir / "etcd", ignore_errors=True)

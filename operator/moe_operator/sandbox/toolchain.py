@@ -57,6 +57,7 @@ KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
+LWS_VERSION = "v0.7.0"
 
 COMPONENTS: tuple[Component, ...] = (
     Component(
@@ -78,6 +79,13 @@ COMPONENTS: tuple[Component, ...] = (
         version=HELM_VERSION,
         packages={"helm": "helm.sh/helm/v3/cmd/helm"},
         ldflags=[f"-X helm.sh/helm/v3/internal/version.version={HELM_VERSION}"],
+    ),
+    Component(
+        name="lws",
+        module="sigs.k8s.io/lws",
+        version=LWS_VERSION,
+        packages={"lws-controller": "sigs.k8s.io/lws/cmd"},
+        ldflags=[f"-X sigs.k8s.io/lws/pkg/version.GitVersion={LWS_VERSION}"],
     ),
     Component(
         name="kubernetes",
@@ -150,6 +158,8 @@ def build_component(comp: Component, log: Callable[[str], None]) -> None:
     tmp.rename(out)
     if comp.name == "kwok":
         kwok_stage_files()
+    if comp.name == "lws":
+        lws_crd_file()
 
 
 def ensure_built(log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)) -> None:
@@ -175,23 +185,38 @@ KWOK_STAGES = (
 )
 
 
+def _module_dir(comp: Component) -> Path:
+    """The unpacked source of a component's pinned module (from the Go module cache)."""
+    proc = subprocess.run(
+        ["go", "mod", "download", "-json", f"{comp.module}@{comp.version}"],
+        cwd=toolchain_dir() / comp.name,
+        env=_go_env(),
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise BuildError(f"fetching {comp.module}@{comp.version} failed: {proc.stderr}")
+    return Path(json.loads(proc.stdout)["Dir"])
+
+
+LWS_CRD = "config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml"
+
+
+def lws_crd_file() -> Path:
+    """The LeaderWorkerSet CRD of the pinned controller version, taken from its module source."""
+    lws = next(c for c in COMPONENTS if c.name == "lws")
+    cached = bin_dir(lws) / "crd.yaml"
+    if not cached.exists():
+        shutil.copyfile(_module_dir(lws) / LWS_CRD, cached)
+    return cached
+
+
 def kwok_stage_files() -> list[Path]:
     """kwok v0.8 refuses to start without stages; take the upstream ones of the pinned version."""
     kwok = next(c for c in COMPONENTS if c.name == "kwok")
     cached = bin_dir(kwok) / "stages"
     if not all((cached / s).exists() for s in KWOK_STAGES):
-        proc = subprocess.run(
-            ["go", "mod", "download", "-json", f"{kwok.module}@{kwok.version}"],
-            cwd=toolchain_dir() / "kwok",
-            env=_go_env(),
-            capture_output=True,
-            text=True,
-        )
-        if proc.returncode != 0:
-            raise BuildError(
-                f"fetching {kwok.module}@{kwok.version} for its stage files failed: {proc.stderr}"
-            )
-        src = Path(json.loads(proc.stdout)["Dir"]) / "kustomize" / "stage"
+        src = _module_dir(kwok) / "kustomize" / "stage"
         for stage in KWOK_STAGES:
             (cached / stage).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / stage, cached / stage)

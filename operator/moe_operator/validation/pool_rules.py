@@ -13,18 +13,9 @@ DEEPEP_INTRANODE_RANKS = (2, 4, 8)
 
 
 def check_topology(spec: MoEDeploymentSpec) -> list[Problem]:
-    """An NVLink domain is a whole number of nodes; the group backend is one this version runs."""
+    """An NVLink domain is a whole number of nodes."""
     topo = spec.topology
     problems: list[Problem] = []
-    if topo.group_backend == "LeaderWorkerSet":
-        # Refused rather than silently rendered as StatefulSets: the user asked for something else.
-        problems.append(
-            Problem(
-                "spec.topology.groupBackend",
-                "spec.topology.groupBackend: LeaderWorkerSet groups are not implemented in this operator "
-                "version; set it to auto or StatefulSet (the operator restarts whole groups itself)",
-            )
-        )
     size = topo.nvlink_domain_size
     if size is None or size % topo.gpus_per_node == 0:
         return problems
