@@ -131,11 +131,14 @@ def children(api: httpx.Client, namespace: str, name: str) -> list[tuple[str, st
         ("ConfigMap", "/api/v1/namespaces/{ns}/configmaps"),
         ("Secret", "/api/v1/namespaces/{ns}/secrets"),
         ("PodDisruptionBudget", "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"),
+        ("LeaderWorkerSet", "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets"),
     ):
-        items = api.get(
+        resp = api.get(
             path.format(ns=namespace), params={"labelSelector": f"moe.inference.dev/deployment={name}"}
-        ).json()["items"]
-        out += [(kind, i["metadata"]["name"], i["metadata"]["uid"]) for i in items]
+        )
+        if resp.status_code == 404 and kind == "LeaderWorkerSet":
+            continue  # the cluster has no LeaderWorkerSet controller
+        out += [(kind, i["metadata"]["name"], i["metadata"]["uid"]) for i in resp.json()["items"]]
     return sorted(out)
 
 
