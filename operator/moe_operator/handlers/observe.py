@@ -43,12 +43,12 @@ def node_snapshot(
 def previous_placements(groups: Iterable[Mapping[str, Any]], name: str) -> list[Placement]:
     """Where each instance ran, from its group object's (StatefulSet or LeaderWorkerSet) annotation."""
     out = []
-    for sts in groups:
-        raw = sts["annotations"].get(L.PLACEMENT)
+    for group in groups:
+        raw = group["annotations"].get(L.PLACEMENT)
         prefix = f"{name}-"
-        if not raw or not sts["name"].startswith(prefix):
+        if not raw or not group["name"].startswith(prefix):
             continue
-        pool, _, index = sts["name"][len(prefix) :].rpartition("-")
+        pool, _, index = group["name"][len(prefix) :].rpartition("-")
         if not index.isdigit() or pool not in ("prefill", "decode"):
             continue
         p = json.loads(raw)
@@ -59,7 +59,7 @@ def previous_placements(groups: Iterable[Mapping[str, Any]], name: str) -> list[
 def group_states(
     spec: MoEDeploymentSpec,
     name: str,
-    statefulsets: Iterable[Mapping[str, Any]],
+    group_objects: Iterable[Mapping[str, Any]],
     pods: Iterable[Mapping[str, Any]],
     plan: TopologyPlan,
     desired_hashes: Mapping[str, str] | None = None,
@@ -84,23 +84,23 @@ def group_states(
                 node=pod["node"],
             )
         )
-    previous = {p.key: p for p in previous_placements(statefulsets, name)}
+    previous = {p.key: p for p in previous_placements(group_objects, name)}
     out = []
-    sts_by_name = {s["name"]: s for s in statefulsets}
+    by_name = {g["name"]: g for g in group_objects}
     specs = pools(spec)
     for placement in plan.placements:
-        sts = sts_by_name.get(L.instance_name(name, placement.pool, placement.index))
-        if sts is None:
+        obj = by_name.get(L.instance_name(name, placement.pool, placement.index))
+        if obj is None:
             continue
-        ann = sts["annotations"]
+        ann = obj["annotations"]
         old = previous.get(placement.key)
         out.append(
             GroupState(
                 pool=placement.pool,
                 index=placement.index,
                 nnodes=pool_layout(specs[placement.pool], spec.topology).nodes,  # type: ignore[index]
-                template_hash=(desired_hashes or {}).get(sts["name"]) or ann.get(L.TEMPLATE_HASH, ""),
-                epoch=parse_time(ann.get(L.GROUP_EPOCH) or sts["created"]),
+                template_hash=(desired_hashes or {}).get(obj["name"]) or ann.get(L.TEMPLATE_HASH, ""),
+                epoch=parse_time(ann.get(L.GROUP_EPOCH) or obj["created"]),
                 restarts=int(ann.get(L.GROUP_RESTARTS, "0")),
                 pods=tuple(sorted(by_instance.get(placement.key, []), key=lambda p: p.rank)),
                 members=frozenset(filter(None, ann.get(L.GROUP_MEMBERS, "").split(","))),

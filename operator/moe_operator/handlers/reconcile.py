@@ -160,7 +160,7 @@ def _reconcile(
         key = (namespace, name)
         owner = Owner(name=name, namespace=namespace, uid=uid)
         children = _children(indexes, key)
-        statefulsets = [c for c in children if c["kind"] == backend]
+        group_objects = [c for c in children if c["kind"] == backend]
         # Snapshot, plan and claim under one process-wide lock: two deployments planned at once
         # would otherwise both take the same free nodes, and the loser would move (and restart)
         # on its next reconcile.
@@ -172,7 +172,7 @@ def _reconcile(
                 _claims_of_others(uid),
             )
             plan = plan_topology(
-                pool_requests(spec), nodes, topology_policy(spec), previous_placements(statefulsets, name)
+                pool_requests(spec), nodes, topology_policy(spec), previous_placements(group_objects, name)
             )
             _claims[uid] = {n: spec.topology.gpus_per_node for p in plan.placements for n in p.nodes}
         kube = rt.kube()
@@ -225,7 +225,7 @@ def _reconcile(
             for o in desired
             if o["kind"] == backend
         }
-        groups = group_states(spec, name, statefulsets, pods, plan, desired_hashes)
+        groups = group_states(spec, name, group_objects, pods, plan, desired_hashes)
         restarting: dict[tuple[str, int], tuple[str, str]] = {}
         emitted: set[tuple[str, str]] = set()  # (reason, message) of events posted by this reconcile
         for pool in {g.pool for g in groups}:
