@@ -34,7 +34,7 @@ import httpx
 import yaml
 
 from moe_operator.api import build_crd
-from moe_operator.sandbox.cluster import Ports, Sandbox
+from moe_operator.sandbox.cluster import Ports, Sandbox, server_side_apply
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = """
@@ -278,12 +278,13 @@ def main() -> int:
     results: dict[tuple[int, int, float], dict[str, Any]] = {}
     try:
         with box.client(timeout=30) as api:
-            api.patch(
-                f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{build_crd()['metadata']['name']}",
-                params={"fieldManager": "bench", "force": "true"},
-                content=yaml.safe_dump(build_crd()),
-                headers={"Content-Type": "application/apply-patch+yaml"},
-            ).raise_for_status()
+            crd = build_crd()
+            server_side_apply(
+                api,
+                f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}",
+                crd,
+                "bench",
+            )
             while api.get(f"{MOED}/moedeployments").status_code != 200:
                 time.sleep(0.2)
             nodes = len(api.get("/api/v1/nodes").json()["items"])

@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from moe_operator.api import build_crd
-from moe_operator.sandbox.cluster import Sandbox
+from moe_operator.sandbox.cluster import Sandbox, server_side_apply
 from moe_operator.sandbox.testing import wait_for
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
@@ -26,13 +25,7 @@ MOED = "/apis/moe.inference.dev/v1alpha1"
 def install_crd(box: Sandbox) -> None:
     crd = build_crd()
     with box.client() as api:
-        resp = api.patch(
-            f"{CRD_PATH}/{crd['metadata']['name']}",
-            params={"fieldManager": "moe-tests", "force": "true"},
-            content=yaml.safe_dump(crd),
-            headers={"Content-Type": "application/apply-patch+yaml"},
-        )
-        assert resp.status_code in (200, 201), resp.text
+        server_side_apply(api, f"{CRD_PATH}/{crd['metadata']['name']}", crd, "moe-tests")
 
         def served() -> bool:
             return api.get(f"{MOED}/moedeployments").status_code == 200

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from moe_operator.sandbox.cluster import Sandbox
+from moe_operator.sandbox.cluster import Sandbox, server_side_apply
 from moe_operator.sandbox.testing import wait_for
 from operator_harness import install_crd
 
@@ -48,13 +48,7 @@ def path_of(obj: dict[str, Any]) -> str:
 
 
 def apply(api: httpx.Client, obj: dict[str, Any]) -> None:
-    resp = api.patch(
-        path_of(obj),
-        params={"fieldManager": "moe-policy-tests", "force": "true"},
-        content=yaml.safe_dump(obj),
-        headers={"Content-Type": "application/apply-patch+yaml"},
-    )
-    assert resp.status_code in (200, 201), resp.text
+    server_side_apply(api, path_of(obj), obj, "moe-policy-tests")
 
 
 def scoped(binding: dict[str, Any]) -> dict[str, Any]:

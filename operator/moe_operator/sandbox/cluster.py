@@ -205,18 +205,8 @@ class Sandbox:
         if pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGTERM)
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and _alive(pid):
-                time.sleep(0.1)
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
-            _reap(pid)
+            _kill_survivors([pid], grace)
         self._pidfile(name).unlink(missing_ok=True)
-
-    def wait_ready(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
-        """Wait for a started component; its log tail is in the error when it exits or times out."""
-        self._wait(name, ready, timeout)
 
     def _start(self, name: str, argv: list[str]) -> None:
         self.log_path(name).parent.mkdir(parents=True, exist_ok=True)
@@ -303,7 +293,7 @@ class Sandbox:
                 "--unsafe-no-fsync=true", "--quota-backend-bytes", str(4 << 30),
             ],
         )  # fmt: skip
-        self._wait("etcd", lambda: _http_ok(f"http://127.0.0.1:{p.etcd}/health"), 30)
+        self.wait_ready("etcd", lambda: _http_ok(f"http://127.0.0.1:{p.etcd}/health"), 30)
 
         log("starting kube-apiserver")
         self._start(
@@ -324,7 +314,7 @@ class Sandbox:
                 "--audit-log-format=json", "--audit-log-maxsize=100", "--audit-log-maxbackup=1",
             ],
         )  # fmt: skip
-        self._wait("kube-apiserver", self._apiserver_ready, 90)
+        self.wait_ready("kube-apiserver", self._apiserver_ready, 90)
 
         log("starting kube-controller-manager, kube-scheduler and kwok")
         self._start(
@@ -356,15 +346,15 @@ class Sandbox:
                 "--node-lease-duration-seconds=40", f"--server-address=127.0.0.1:{p.kwok}",
             ],
         )  # fmt: skip
-        self._wait(
+        self.wait_ready(
             "kube-controller-manager",
             lambda: _https_ok(f"https://127.0.0.1:{p.controller_manager}/healthz"),
             60,
         )
-        self._wait("kube-scheduler", lambda: _https_ok(f"https://127.0.0.1:{p.scheduler}/healthz"), 60)
-        self._wait("kwok", lambda: _port_open(p.kwok), 30)
+        self.wait_ready("kube-scheduler", lambda: _https_ok(f"https://127.0.0.1:{p.scheduler}/healthz"), 60)
+        self.wait_ready("kwok", lambda: _port_open(p.kwok), 30)
         # Pods cannot be admitted before the controller-manager has made the default ServiceAccount.
-        self._wait("kube-controller-manager", self._default_service_account_exists, 60)
+        self.wait_ready("kube-controller-manager", self._default_service_account_exists, 60)
 
     def restart_apiserver(self, downtime: float = 0.0, grace: float = 5.0, log: Log = print) -> float:
         """Stop kube-apiserver alone and start it again with the very same command line (chaos
@@ -395,7 +385,7 @@ class Sandbox:
         time.sleep(downtime)
         log("starting kube-apiserver")
         self._start("kube-apiserver", argv)
-        self._wait("kube-apiserver", self._apiserver_ready, 90)
+        self.wait_ready("kube-apiserver", self._apiserver_ready, 90)
         return time.monotonic() - started
 
     def _write_audit_policy(self) -> Path:
@@ -431,7 +421,8 @@ class Sandbox:
         out.write_text(yaml.safe_dump_all(docs, sort_keys=False))
         return out
 
-    def _wait(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
+    def wait_ready(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
+        """Wait for a started component; its log tail is in the error when it exits or times out."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.pid(name) is None:
@@ -534,16 +525,7 @@ class Sandbox:
             log(f"stopping stray sandbox process {pid}")
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGTERM)
-        all_pids = [p for p in (*pids.values(), *strays) if p is not None]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(p) for p in all_pids):
-            time.sleep(0.1)
-        for pid in all_pids:
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-        for pid in all_pids:
-            _reap(pid)
+        _kill_survivors([p for p in (*pids.values(), *strays) if p is not None], grace=10)
         for name in (*COMPONENT_ORDER, *ADDONS):
             self._pidfile(name).unlink(missing_ok=True)
         # etcd data is useless without its apiserver state; start fresh next time.
@@ -570,6 +552,31 @@ def _alive(pid: int) -> bool:
         return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
     except OSError:
         return False
+
+
+def _kill_survivors(pids: list[int], grace: float) -> None:
+    """After a SIGTERM: wait up to `grace` s, SIGKILL whatever still runs, reap our children."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        _reap(pid)
+
+
+def server_side_apply(c: httpx.Client, path: str, obj: dict[str, Any], field_manager: str) -> None:
+    """Server-side apply one object as `field_manager` (force), for setting up the sandbox and tests."""
+    resp = c.patch(
+        path,
+        params={"fieldManager": field_manager, "force": "true"},
+        content=yaml.safe_dump(obj),
+        headers={"Content-Type": "application/apply-patch+yaml"},
+    )
+    if resp.status_code not in (200, 201):
+        raise SandboxError(f"applying {obj['kind']} {obj['metadata']['name']} failed: {resp.text[:500]}")
 
 
 def _reap(pid: int) -> None:

@@ -17,7 +17,7 @@ import httpx
 import yaml
 
 from moe_operator.sandbox import toolchain
-from moe_operator.sandbox.cluster import Log, Sandbox, SandboxError
+from moe_operator.sandbox.cluster import Log, Sandbox, SandboxError, server_side_apply
 from moe_operator.sandbox.pki import issue_serving_cert
 
 ADDON = "lws-controller"
@@ -25,6 +25,7 @@ CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 LWS_API = "/apis/leaderworkerset.x-k8s.io/v1"
 WEBHOOK_NAME = "moe-sandbox-lws"
+FIELD_MANAGER = "moe-sandbox"
 _LWS_SELECTOR = {"matchExpressions": [{"key": "leaderworkerset.sigs.k8s.io/name", "operator": "Exists"}]}
 
 
@@ -83,17 +84,6 @@ def webhook_configurations(url: str, ca_pem: bytes) -> list[dict[str, Any]]:
     ]
 
 
-def _apply(c: httpx.Client, path: str, obj: dict[str, Any]) -> None:
-    resp = c.patch(
-        path,
-        params={"fieldManager": "moe-sandbox", "force": "true"},
-        content=yaml.safe_dump(obj),
-        headers={"Content-Type": "application/apply-patch+yaml"},
-    )
-    if resp.status_code not in (200, 201):
-        raise SandboxError(f"applying {obj['kind']} {obj['metadata']['name']} failed: {resp.text[:500]}")
-
-
 def install(box: Sandbox, log: Log = print) -> float:
     """CRD, webhooks and a running controller (idempotent); returns the seconds it took."""
     started = time.monotonic()
@@ -128,11 +118,16 @@ def install(box: Sandbox, log: Log = print) -> float:
         crd = yaml.load(
             toolchain.lws_crd_file().read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         )
-        _apply(c, f"{CRD_PATH}/{CRD_NAME}", crd)
+        server_side_apply(c, f"{CRD_PATH}/{CRD_NAME}", crd, FIELD_MANAGER)
         url = f"https://127.0.0.1:{box.ports.lws_webhook}"
         for obj in webhook_configurations(url, box.pki.ca_cert.read_bytes()):
             kind = obj["kind"].lower() + "s"
-            _apply(c, f"/apis/admissionregistration.k8s.io/v1/{kind}/{obj['metadata']['name']}", obj)
+            server_side_apply(
+                c,
+                f"/apis/admissionregistration.k8s.io/v1/{kind}/{obj['metadata']['name']}",
+                obj,
+                FIELD_MANAGER,
+            )
         box.wait_ready(ADDON, lambda: _healthy(box), 60)
         box.wait_ready(ADDON, lambda: c.get(f"{LWS_API}/leaderworkersets").status_code == 200, 60)
     return time.monotonic() - started
