@@ -13,6 +13,8 @@ printf '\n==> ruff\n' >&2
 .venv/bin/ruff format --check .
 printf '\n==> mypy\n' >&2
 .venv/bin/mypy
+printf '\n==> import contracts (which way dependencies point)\n' >&2
+.venv/bin/lint-imports
 printf '\n==> crds are generated from the API models\n' >&2
 .venv/bin/moe-operator crds check
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from moe_placement.maps import IntArray, rebalance_outputs, trivial_map
 from moe_runtime import eplb_hook, exchange
-from moe_runtime.placement import IntArray, rebalance_outputs, trivial_map
 from moe_runtime.replay.baseline import deepseek_global
 
 
@@ -253,7 +253,7 @@ def _bench_planner_path(
 ) -> dict[str, Any]:
     """No operator placement: the project's planner decides; report the hook's time around it."""
     if eplb_hook.load_planner() is None:
-        return {"planner": "skipped: moe_operator.eplb planner not importable"}
+        return {"planner": "skipped: moe_placement planner not importable"}
     work = Path(tempfile.mkdtemp(prefix="moe-bench-planner-"))
     state = eplb_hook.HookState(eplb_hook.HookSettings(mode="operator", state_dir=work, use_planner=True))
     totals, planner = [], []

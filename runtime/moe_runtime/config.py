@@ -1,11 +1,8 @@
-"""The contract between the operator and the engine pod: EngineConfig (a mounted JSON file)
-plus per-pod facts from environment variables (PodEnv).
+"""Loading the engine config in the pod, and the per-pod facts from environment variables.
 
-The operator renders one EngineConfig per pool (prefill, decode, ...) into a ConfigMap
-mounted at ``/etc/moe/engine/engine.json``; what differs between the pods of one engine
-instance (rank, leader address, pod IP) comes from the pod's environment. Validation here
-refuses configurations SGLang would reject or that cannot run on the pod group, with a
-message saying which field to change.
+The config's model is the operator/runtime contract (``moe_contract.engine``); what differs
+between the pods of one engine instance (rank, leader address, pod IP) comes from the
+pod's environment (``PodEnv``).
 """
 
 from __future__ import annotations
@@ -14,236 +11,19 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-DEFAULT_CONFIG_PATH = "/etc/moe/engine/engine.json"
-DEFAULT_TOKEN_FILE = "/etc/moe/token/token"
-DEFAULT_PLACEMENT_FILE = "/etc/moe/placement/placement.json"
+from moe_contract import pod as P
+from moe_contract.engine import EngineConfig, Role
 
-Role = Literal["prefill", "decode", "standalone"]
-A2ABackend = Literal["deepep", "none", "mooncake", "nixl", "mori", "flashinfer", "deepep_v2", "pplx"]
-DeepEPMode = Literal["auto", "normal", "low_latency"]
-EplbModeName = Literal["operator", "engine", "static", "off"]
-DispatchAlgorithm = Literal["static", "dynamic", "fake", "lp"]
-TransferBackend = Literal["mooncake", "nixl", "mori", "mooncake_tcp", "fake"]
+DEFAULT_CONFIG_PATH = P.DEFAULT_CONFIG_PATH
+DEFAULT_TOKEN_FILE = P.DEFAULT_TOKEN_PATH
+DEFAULT_PLACEMENT_FILE = P.DEFAULT_PLACEMENT_PATH
 
 
 class ConfigError(ValueError):
     """An engine configuration that cannot run; the message names the field to fix."""
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, protected_namespaces=()
-    )
-
-
-class ModelFacts(_Model):
-    """Facts of the served model the operator knows from its catalog (optional; used for checks)."""
-
-    num_layers: int | None = Field(default=None, ge=1, description="num_hidden_layers, dense layers included")
-    num_experts: int | None = Field(default=None, ge=1, description="routed (logical) experts per MoE layer")
-    top_k: int | None = Field(default=None, ge=1, description="experts per token")
-    num_groups: int | None = Field(default=None, ge=1, description="expert groups (DeepSeek n_group)")
-
-
-class Parallelism(_Model):
-    nnodes: int = Field(default=1, ge=1, description="pods (nodes) in one engine instance")
-    gpus_per_node: int = Field(default=8, ge=1, le=16)
-    tp: int | None = Field(
-        default=None, ge=1, description="tensor-parallel world; default nnodes * gpusPerNode"
-    )
-    attn_dp: int = Field(default=1, ge=1, description="attention data-parallel width (--attn-dp-size)")
-    ep: int | None = Field(
-        default=None, ge=1, description="expert-parallel size; default tp with an a2a backend"
-    )
-    a2a_backend: A2ABackend = Field(default="deepep", alias="a2aBackend", description="--moe-a2a-backend")
-    deepep_mode: DeepEPMode | None = Field(
-        default=None, description="default by role: normal / low_latency / auto"
-    )
-    deepep_config: str | None = None
-
-    @property
-    def world(self) -> int:
-        return self.nnodes * self.gpus_per_node
-
-    @property
-    def tp_size(self) -> int:
-        return self.tp if self.tp is not None else self.world
-
-    @property
-    def ep_size(self) -> int:
-        if self.ep is not None:
-            return self.ep
-        return self.tp_size if self.a2a_backend != "none" else 1
-
-
-class Eplb(_Model):
-    mode: EplbModeName = "operator"
-    num_redundant_experts: int = Field(default=0, ge=0)
-    rebalance_iterations: int = Field(default=1000, ge=1, description="forward passes between rebalances")
-    rebalance_layers_per_chunk: int | None = Field(default=None, ge=1)
-    algorithm: str | None = Field(default=None, description="SGLang --eplb-algorithm for its own fallback")
-    dispatch_algorithm: DispatchAlgorithm | None = None
-    placement_file: str | None = Field(
-        default=DEFAULT_PLACEMENT_FILE, description="mounted placement ConfigMap"
-    )
-    placement_max_age_seconds: float = Field(default=1800.0, gt=0)
-
-
-class Disaggregation(_Model):
-    transfer_backend: TransferBackend = "mooncake"
-    bootstrap_port: int = Field(default=8998, ge=1, le=65535)
-    ib_devices: list[str] = Field(default_factory=list)
-
-
-class Ports(_Model):
-    http: int = Field(default=30000, ge=1, le=65535)
-    dist_init: int = Field(default=20102, ge=1, le=65535)
-    sidecar: int = Field(default=9400, ge=1, le=65535)
-
-
-class EngineConfig(_Model):
-    """One pool's engine settings (JSON, camelCase keys), mounted into every pod of the pool."""
-
-    schema_version: Literal[1] = 1
-    model_path: str = Field(min_length=1)
-    served_model_name: str | None = None
-    role: Role = "standalone"
-    parallel: Parallelism = Field(default_factory=Parallelism)
-    eplb: Eplb = Field(default_factory=Eplb)
-    disaggregation: Disaggregation = Field(default_factory=Disaggregation)
-    ports: Ports = Field(default_factory=Ports)
-    model: ModelFacts = Field(default_factory=ModelFacts)
-    host: str = "0.0.0.0"
-    load_format: str | None = None
-    trust_remote_code: bool = False
-    enable_metrics: bool = True
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment for the engine")
-    drain_seconds: float = Field(
-        default=5.0, ge=0, description="not-ready time before SIGTERM reaches SGLang"
-    )
-    grace_seconds: float = Field(default=60.0, gt=0, description="SIGTERM -> SIGKILL for the engine")
-
-    @model_validator(mode="after")
-    def _check(self) -> EngineConfig:
-        problems = config_problems(self)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
-
-    @property
-    def deepep_mode(self) -> DeepEPMode:
-        if self.parallel.deepep_mode is not None:
-            return self.parallel.deepep_mode
-        return {"prefill": "normal", "decode": "low_latency", "standalone": "auto"}[self.role]  # type: ignore[return-value]
-
-    @property
-    def eplb_enabled(self) -> bool:
-        """SGLang's online EPLB runs (and calls the plugin) in operator and engine modes."""
-        return self.eplb.mode in ("operator", "engine")
-
-    @property
-    def dispatch(self) -> Literal["static", "dynamic"]:
-        """The dispatch rule SGLang resolves to (static with an a2a backend, else dynamic)."""
-        chosen = self.eplb.dispatch_algorithm
-        if chosen in ("static", "dynamic"):
-            return chosen
-        return "static" if self.parallel.a2a_backend != "none" else "dynamic"
-
-
-def config_problems(cfg: EngineConfig) -> list[str]:
-    """Everything that makes a config impossible, as messages naming fields (camelCase)."""
-    p = cfg.parallel
-    out: list[str] = []
-    tp, ep = p.tp_size, p.ep_size
-    if tp != p.world:
-        out.append(
-            f"parallel.tp={tp} must equal nnodes*gpusPerNode={p.world}: every pod of an instance "
-            "runs one engine rank per GPU"
-        )
-    if tp % p.attn_dp:
-        out.append(f"parallel.attnDp={p.attn_dp} must divide tp={tp}")
-    if p.a2a_backend != "none" and ep != tp:
-        out.append(
-            f"parallel.ep={ep} must equal tp={tp} with a2aBackend={p.a2a_backend} "
-            "(SGLang forces ep_size = tp_size)"
-        )
-    if p.a2a_backend == "none" and tp % ep:
-        out.append(f"parallel.ep={ep} must divide tp={tp}")
-    if p.a2a_backend in ("deepep", "deepep_v2") and p.nnodes == 1 and tp not in (2, 4, 8):
-        out.append(f"DeepEP intranode kernels support 2, 4 or 8 ranks, not tp={tp}")
-    if cfg.role == "prefill" and p.deepep_mode == "low_latency":
-        out.append(
-            "parallel.deepepMode=low_latency cannot serve prefill (extend) batches; use normal or auto"
-        )
-    if cfg.eplb_enabled and ep <= 1:
-        out.append(f"eplb.mode={cfg.eplb.mode} needs expert parallelism (ep > 1, got {ep}); use mode off")
-    facts = cfg.model
-    if facts.num_experts is not None:
-        physical = facts.num_experts + cfg.eplb.num_redundant_experts
-        if physical % ep:
-            out.append(
-                f"experts + eplb.numRedundantExperts = {facts.num_experts} + "
-                f"{cfg.eplb.num_redundant_experts} = {physical} must be a multiple of ep={ep}"
-            )
-    if cfg.eplb.num_redundant_experts and ep <= 1:
-        out.append("eplb.numRedundantExperts > 0 needs ep > 1")
-    if cfg.role == "standalone" and cfg.disaggregation.ib_devices:
-        out.append("disaggregation.ibDevices is set but role is standalone (no KV transfer)")
-    clash = sorted(managed_flags_in(cfg.extra_args))
-    if clash:
-        out.append(f"extraArgs must not set flags the launcher manages: {', '.join(clash)}")
-    return out
-
-
-# Flags the launcher derives from fields; extraArgs may not override them.
-MANAGED_FLAGS = frozenset(
-    {
-        "--model-path",
-        "--served-model-name",
-        "--host",
-        "--port",
-        "--nnodes",
-        "--node-rank",
-        "--dist-init-addr",
-        "--nccl-init-addr",
-        "--tp-size",
-        "--tensor-parallel-size",
-        "--attn-dp-size",
-        "--dp-size",
-        "--data-parallel-size",
-        "--enable-dp-attention",
-        "--ep-size",
-        "--expert-parallel-size",
-        "--moe-a2a-backend",
-        "--deepep-mode",
-        "--deepep-config",
-        "--disaggregation-mode",
-        "--disaggregation-bootstrap-port",
-        "--disaggregation-transfer-backend",
-        "--disaggregation-ib-device",
-        "--enable-eplb",
-        "--ep-num-redundant-experts",
-        "--eplb-rebalance-num-iterations",
-        "--eplb-rebalance-layers-per-chunk",
-        "--eplb-algorithm",
-        "--ep-dispatch-algorithm",
-        "--init-expert-location",
-        "--enable-metrics",
-        "--expert-balancedness-report-mode",
-        "--load-format",
-        "--trust-remote-code",
-    }
-)
-
-
-def managed_flags_in(args: list[str]) -> set[str]:
-    return {a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in MANAGED_FLAGS}
 
 
 # ---------------------------------------------------------------- per-pod facts
@@ -283,12 +63,12 @@ class PodEnv(BaseModel):
 
         try:
             return cls(
-                rank=as_int("MOE_RANK", first("MOE_RANK", "LWS_WORKER_INDEX")) or 0,
-                nnodes=as_int("MOE_NNODES", first("MOE_NNODES", "LWS_GROUP_SIZE")),
-                leader_address=first("MOE_LEADER_ADDRESS", "LWS_LEADER_ADDRESS"),
-                role=first("MOE_ROLE"),  # type: ignore[arg-type]
-                instance=first("MOE_INSTANCE") or "",
-                pod_ip=first("POD_IP"),
+                rank=as_int("MOE_RANK", first(P.ENV_RANK, "LWS_WORKER_INDEX")) or 0,
+                nnodes=as_int("MOE_NNODES", first(P.ENV_NNODES, "LWS_GROUP_SIZE")),
+                leader_address=first(P.ENV_LEADER_ADDRESS, "LWS_LEADER_ADDRESS"),
+                role=first(P.ENV_ROLE),  # type: ignore[arg-type]
+                instance=first(P.ENV_INSTANCE) or "",
+                pod_ip=first(P.ENV_POD_IP),
             )
         except ValidationError as exc:
             raise ConfigError(_format_validation(exc, "pod environment")) from exc
@@ -316,7 +96,7 @@ def load_config(
 ) -> EngineConfig:
     """Read and validate the engine config; raise ConfigError with a readable message."""
     env = os.environ if env is None else env
-    where = Path(path or env.get("MOE_ENGINE_CONFIG") or DEFAULT_CONFIG_PATH)
+    where = Path(path or env.get(P.ENV_ENGINE_CONFIG) or DEFAULT_CONFIG_PATH)
     try:
         raw = json.loads(where.read_text())
     except OSError as exc:

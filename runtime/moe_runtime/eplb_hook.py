@@ -32,8 +32,8 @@ from typing import Any, Literal, cast
 import numpy as np
 import numpy.typing as npt
 
+from moe_placement.maps import Dispatch, IntArray, PlacementError, validate_map
 from moe_runtime import exchange
-from moe_runtime.placement import Dispatch, IntArray, PlacementError, validate_map
 
 log = logging.getLogger("moe_runtime.eplb_hook")
 
@@ -117,7 +117,7 @@ CurrentMap = IntArray | Callable[[], IntArray | None] | None
 
 def load_planner() -> PlanFn | None:
     """The project's planner, imported lazily: the engine image may lack it or it may be broken."""
-    for module in ("moe_operator.eplb", "moe_operator.eplb.planner"):
+    for module in ("moe_placement",):
         try:
             return cast(PlanFn, importlib.import_module(module).plan)
         except Exception as exc:  # ImportError, AttributeError, or a planner module failing at import

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from moe_runtime.placement import IntArray
+from moe_placement.maps import IntArray
 
 STATE_DIR_ENV = "MOE_RUNTIME_STATE_DIR"
 DEFAULT_STATE_DIR = "/tmp/moe-runtime"

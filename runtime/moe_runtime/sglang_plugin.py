@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from moe_placement.maps import IntArray, expert_count, logical_to_all_physical
 from moe_runtime import eplb_hook
-from moe_runtime.placement import IntArray, expert_count, logical_to_all_physical
 
 log = logging.getLogger("moe_runtime.sglang_plugin")
 

@@ -32,24 +32,36 @@ log() { printf '[setup-test-env %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 "$python" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' \
     || { log "need Python >= 3.11 ($python)"; exit 1; }
 
+# The four distributions of the repository (the runtime's tests render the operator's examples).
+DISTS=(placement contract runtime operator)
+
 project_deps() {
-    "$python" - "$repo/pyproject.toml" <<'EOF'
-import sys, tomllib
-with open(sys.argv[1], "rb") as fh:
-    print("\n".join(tomllib.load(fh)["project"]["dependencies"]))
+    "$python" - "$repo" "${DISTS[@]}" <<'EOF'
+import re, sys, tomllib
+repo, names = sys.argv[1], sys.argv[2:]
+local = {"moe-placement", "moe-contract", "moe-runtime", "moe-operator"}
+deps = []
+for name in names:
+    with open(f"{repo}/{name}/pyproject.toml", "rb") as fh:
+        deps += tomllib.load(fh)["project"]["dependencies"]
+print("\n".join(d for d in dict.fromkeys(deps) if re.split(r"[=<>!~ \[]", d)[0] not in local))
 EOF
 }
 
-# What the venv depends on: pinned versions, package lists, and the parts of pyproject.toml
+# What the venv depends on: pinned versions, package lists, and the parts of each pyproject.toml
 # that change an install (dependencies, entry points, scripts, package discovery).
 project_install_surface() {
-    "$python" - "$repo/pyproject.toml" <<'EOF'
+    "$python" - "$repo" "${DISTS[@]}" <<'EOF'
 import json, sys, tomllib
-with open(sys.argv[1], "rb") as fh:
-    doc = tomllib.load(fh)
-project = doc["project"]
-surface = {k: project.get(k) for k in ("dependencies", "entry-points", "scripts")}
-surface["setuptools"] = doc.get("tool", {}).get("setuptools", {})
+repo, names = sys.argv[1], sys.argv[2:]
+surface = {}
+for name in names:
+    with open(f"{repo}/{name}/pyproject.toml", "rb") as fh:
+        doc = tomllib.load(fh)
+    project = doc["project"]
+    part = {k: project.get(k) for k in ("dependencies", "entry-points", "scripts")}
+    part["setuptools"] = doc.get("tool", {}).get("setuptools", {})
+    surface[name] = part
 print(json.dumps(surface, sort_keys=True))
 EOF
 }
@@ -97,7 +109,7 @@ log "installing sglang==$SGLANG_VERSION without dependencies, plus the light pac
 log "installing the project (editable, no deps) and its declared dependencies"
 mapfile -t deps < <(project_deps)
 "${pip[@]}" install "${deps[@]}" "${TEST_PACKAGES[@]}"
-"${pip[@]}" install --no-deps -e "$repo"
+"${pip[@]}" install --no-deps $(printf -- '-e %s/%s ' "$repo" "${DISTS[@]}")
 
 log "checking imports"
 check_imports

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_operator.api.cli import register
 from moe_operator.api.names import CRD_FILENAME
+from moe_operator.cli.crds import register
 
 ROOT = Path(__file__).resolve().parents[2]
 

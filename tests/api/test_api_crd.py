@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from moe_operator.api.cli import DOCS, expected_files, render_crd_yaml
 from moe_operator.api.crd import build_crd
 from moe_operator.api.names import CRD_FILENAME
+from moe_operator.cli.crds import DOCS, expected_files, render_crd_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED_KEYS = {

@@ -361,10 +361,15 @@ def versions() -> dict[str, str]:
 
 def test_image_pins_agree() -> None:
     pins = versions()
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    projects = {
+        name: tomllib.loads((ROOT / name / "pyproject.toml").read_text())["project"]
+        for name in ("placement", "contract", "runtime", "operator")
+    }
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert pins["MOE_OPERATOR_VERSION"] == project["version"] == chart["appVersion"]
-    sglang_pin = next(d for d in project["optional-dependencies"]["runtime"] if d.startswith("sglang=="))
+    versions_seen = {p["version"] for p in projects.values()}
+    assert versions_seen == {pins["MOE_OPERATOR_VERSION"]} == {chart["appVersion"]}
+    runtime = projects["runtime"]
+    sglang_pin = next(d for d in runtime["optional-dependencies"]["engine"] if d.startswith("sglang=="))
     assert pins["SGLANG_IMAGE"].endswith(":v" + sglang_pin.removeprefix("sglang=="))
     assert pins["PYTHON_IMAGE"].startswith("python:3.11")
     for dockerfile, keys in [

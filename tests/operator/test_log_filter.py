@@ -2,7 +2,7 @@
 
 import logging
 
-from moe_operator.handlers.cli import RoutineSuccessFilter
+from moe_operator.cli.run import RoutineSuccessFilter
 
 
 def test_routine_success_lines_are_dropped_and_failures_kept() -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from rt_helpers import GOLDEN, run_cli
 
-from moe_runtime.placement import trivial_map
+from moe_placement.maps import trivial_map
 
 CASES = sorted(p.stem for p in GOLDEN.glob("*.json") if not p.name.endswith(".args.json"))
 

@@ -16,7 +16,7 @@ import pytest
 from rt_helpers import require_sglang
 from test_launcher_golden import CASES, render_case
 
-from moe_runtime import config
+from moe_contract import engine as config
 
 pytestmark = pytest.mark.runtime
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from rt_helpers import run_cli
 
-from moe_runtime.config import ConfigError, EngineConfig, PodEnv, parse_config, pod_problems
+from moe_contract.engine import EngineConfig
+from moe_runtime.config import ConfigError, PodEnv, parse_config, pod_problems
 
 
 def base(**over: object) -> dict[str, object]:

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from moe_placement.maps import trivial_map
 from moe_runtime import eplb_hook, exchange
-from moe_runtime.placement import trivial_map
 from moe_runtime.replay.baseline import deepseek_global
 
 SHAPE = eplb_hook.EngineShape(num_layers=3, num_logical=8, num_physical=12, num_gpus=4, num_nodes=1)
@@ -131,9 +131,9 @@ def test_planner_exception_falls_back(tmp_path: Path) -> None:
 
 
 def test_real_project_planner_if_present(tmp_path: Path) -> None:
-    """The lazy import of moe_operator.eplb.plan; its map must pass the same validation."""
+    """The lazy import of moe_placement.plan; its map must pass the same validation."""
     if eplb_hook.load_planner() is None:
-        pytest.skip("moe_operator.eplb.plan not importable yet")
+        pytest.skip("moe_placement.plan not importable yet")
     st = eplb_hook.HookState(eplb_hook.HookSettings(state_dir=tmp_path))
     d = eplb_hook.choose_map(st, counts(), SHAPE)
     assert d.source == "planner", (d.reason, dict(st.errors))

@@ -118,7 +118,7 @@ def test_engine_crash_ends_the_pod_with_its_status(tmp_path: Path) -> None:
 
 
 def test_launch_mounts_the_persisted_placement(tmp_path: Path) -> None:
-    from moe_runtime.placement import trivial_map
+    from moe_placement.maps import trivial_map
 
     m = trivial_map(4, 16, 24)
     (tmp_path / "placement.json").write_text(

@@ -15,8 +15,8 @@ import pytest
 from aiohttp import web
 from rt_helpers import free_port, metric
 
+from moe_placement.maps import trivial_map
 from moe_runtime import exchange
-from moe_runtime.placement import trivial_map
 from moe_runtime.sidecar.service import Sidecar, SidecarOptions
 from moe_runtime.sidecar.state import EngineLayout
 

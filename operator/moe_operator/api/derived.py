@@ -6,11 +6,24 @@ weight, so the webhook and the renderer can never disagree about them.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from ..capacity.layout import InstanceLayout
 from ..models.architecture import BYTES_PER_ELEMENT, Attention, MoEArchitecture
 from ..models.catalog import lookup
-from .spec import ModelArchitecture, ModelSpec, PoolSpec, TopologySpec
+from .spec import ModelArchitecture, ModelSpec, MoEDeploymentSpec, PoolSpec, TopologySpec
 from .types import parse_count
+
+Pool = Literal["prefill", "decode"]
+
+
+def pools(spec: MoEDeploymentSpec) -> dict[Pool, PoolSpec]:
+    """The pools that exist, prefill first (decode serves alone without prefill)."""
+    out: dict[Pool, PoolSpec] = {}
+    if spec.prefill is not None:
+        out["prefill"] = spec.prefill
+    out["decode"] = spec.decode
+    return out
 
 
 def architecture_from_spec(name: str, arch: ModelArchitecture) -> MoEArchitecture:

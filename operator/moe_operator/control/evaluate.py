@@ -11,7 +11,7 @@ from moe_operator.control import aggregate, score
 from moe_operator.control.decide import Decision, Inputs, Mode, decide
 from moe_operator.control.placement import problems
 from moe_operator.control.windows import Window
-from moe_operator.eplb import plan
+from moe_placement import plan
 
 
 @dataclass(frozen=True)

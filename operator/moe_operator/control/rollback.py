@@ -1,4 +1,4 @@
-"""Placement history and rollback over the kept versioned ConfigMaps (pure; control/cli.py does the I/O).
+"""Placement history and rollback over the kept versioned ConfigMaps (pure; moe_operator.cli.placement does the I/O).
 
 A rollback never rewrites history: it publishes the chosen old map as a new version whose
 provenance says "rollback of vN", and by default pauses automatic placement on the live

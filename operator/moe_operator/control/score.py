@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from moe_operator.control.windows import FloatArray
-from moe_operator.eplb import balancedness
+from moe_placement import balancedness
 
 
 def moe_layers(loads_LE: FloatArray) -> np.ndarray:

@@ -25,6 +25,7 @@ import kopf
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
+from moe_contract.pod import SIDECAR_PORT
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.derived import pool_layout, resolve_architecture, world_size
 from moe_operator.api.types import parse_duration
@@ -45,7 +46,6 @@ from moe_operator.render.group import Owner, placement_config_name
 
 GROUP, RESOURCE = "moe.inference.dev", "moedeployments"
 TICK_S = 5.0
-SIDECAR_PORT = 9400
 HTTP_TIMEOUT_S = 3.0
 LABELS = ["namespace", "deployment", "pool"]
 

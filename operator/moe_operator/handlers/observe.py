@@ -9,10 +9,9 @@ from typing import Any
 
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.conditions import set_condition
-from moe_operator.api.derived import pool_layout
+from moe_operator.api.derived import pool_layout, pools
 from moe_operator.lifecycle import GroupState, PodState, is_ready, is_updated
 from moe_operator.render import labels as L
-from moe_operator.render.engine import pools
 from moe_operator.topology.planner import Placement, TopologyPlan
 from moe_operator.topology.snapshot import NodeInfo, node_from_object
 

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api.derived import pools
 from moe_operator.render import labels as L
-from moe_operator.render.engine import eplb_mode, pools
+from moe_operator.render.engine import eplb_mode
 from moe_operator.render.group import GroupBackend, Owner, RuntimeSettings, instance_objects
 from moe_operator.render.shared import (
     engine_config_map,

@@ -4,22 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from moe_contract.engine import EngineConfig
 from moe_operator.api import MoEDeploymentSpec
-from moe_operator.api.derived import pool_layout, resolve_architecture
-from moe_operator.api.spec import PoolSpec
+from moe_operator.api.derived import Pool, pool_layout, pools, resolve_architecture
 from moe_operator.api.types import parse_duration
-from moe_runtime.config import EngineConfig
-
-Pool = Literal["prefill", "decode"]
-
-
-def pools(spec: MoEDeploymentSpec) -> dict[Pool, PoolSpec]:
-    """The pools that exist, prefill first (decode serves alone without prefill)."""
-    out: dict[Pool, PoolSpec] = {}
-    if spec.prefill is not None:
-        out["prefill"] = spec.prefill
-    out["decode"] = spec.decode
-    return out
 
 
 def role(spec: MoEDeploymentSpec, pool: Pool) -> Literal["prefill", "decode", "standalone"]:

@@ -8,18 +8,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from moe_contract import pod as P
+from moe_contract.pod import ENGINE_CONFIG_DIR, PLACEMENT_DIR, RUNTIME_DIR, SIDECAR_PORT, TOKEN_DIR
 from moe_operator.api import MoEDeploymentSpec
-from moe_operator.api.derived import pool_layout
+from moe_operator.api.derived import Pool, pool_layout, pools
 from moe_operator.api.types import parse_duration
 from moe_operator.render import labels as L
-from moe_operator.render.engine import Pool, pools
 from moe_operator.topology.planner import Placement
 
-SIDECAR_PORT = 9400
-RUNTIME_DIR = "/opt/moe-runtime"
-ENGINE_CONFIG_DIR = "/etc/moe/engine"
-PLACEMENT_DIR = "/etc/moe/placement"
-TOKEN_DIR = "/etc/moe/token"
 BOOT_PLACEMENT = f"{L.DOMAIN}/boot-placement-version"
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 
@@ -131,14 +127,14 @@ def pod_template(
 
     env = [
         _env("PYTHONPATH", RUNTIME_DIR),
-        _env("MOE_ROLE", {"prefill": "prefill", "decode": "decode"}[pool] if spec.prefill else "standalone"),
-        _env("MOE_INSTANCE", L.instance_name(owner.name, pool, placement.index)),
-        _field_env("MOE_RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
-        _env("MOE_NNODES", str(layout.nodes)),
-        _env("MOE_LEADER_ADDRESS", leader_address(owner, pool, placement.index)),
-        _field_env("POD_IP", "status.podIP"),
-        _field_env("POD_NAME", "metadata.name"),
-        _env("MOE_ENGINE_CONFIG", f"{ENGINE_CONFIG_DIR}/engine.json"),
+        _env(P.ENV_ROLE, pool if spec.prefill else "standalone"),
+        _env(P.ENV_INSTANCE, L.instance_name(owner.name, pool, placement.index)),
+        _field_env(P.ENV_RANK, "metadata.labels['apps.kubernetes.io/pod-index']"),
+        _env(P.ENV_NNODES, str(layout.nodes)),
+        _env(P.ENV_LEADER_ADDRESS, leader_address(owner, pool, placement.index)),
+        _field_env(P.ENV_POD_IP, "status.podIP"),
+        _field_env(P.ENV_POD_NAME, "metadata.name"),
+        _env(P.ENV_ENGINE_CONFIG, P.DEFAULT_CONFIG_PATH),
         *copy.deepcopy(spec.engine.env),
     ]
     affinity_terms = [
@@ -163,7 +159,7 @@ def pod_template(
             {
                 "name": "install-runtime",
                 "image": settings.runtime_image,
-                "command": ["sh", "-c", f"cp -r /opt/moe-runtime/. {RUNTIME_DIR}-target/"],
+                "command": ["sh", "-c", f"cp -r {RUNTIME_DIR}/. {RUNTIME_DIR}-target/"],
                 "volumeMounts": [{"name": "runtime", "mountPath": f"{RUNTIME_DIR}-target"}],
             }
         ],

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from moe_contract.pod import SIDECAR_PORT
 from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api.derived import Pool, pools
 from moe_operator.render import labels as L
-from moe_operator.render.engine import Pool, engine_config, pools
+from moe_operator.render.engine import engine_config
 from moe_operator.render.group import (
-    SIDECAR_PORT,
     Owner,
     engine_config_name,
     leader_address,

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from moe_operator.api import MoEDeploymentSpec
-from moe_operator.api.derived import pool_layout
-from moe_operator.render.engine import pools
+from moe_operator.api.derived import pool_layout, pools
 from moe_operator.topology.planner import PoolRequest, TopologyPolicy
 
 

@@ -8,6 +8,7 @@ from ..api.derived import (
     bytes_per_param,
     kv_bytes_per_element,
     pool_layout,
+    pools,
     resolve_architecture,
     weight_dtype,
 )
@@ -21,7 +22,7 @@ from ..capacity.memory import (
     smallest_fitting_nodes,
 )
 from ..models.architecture import MoEArchitecture
-from .common import gib, pools
+from .common import gib
 from .flags import CONTEXT_LENGTH_FLAG, MEM_FRACTION_FLAG, flag_value
 from .problem import Problem
 
@@ -49,7 +50,7 @@ def check_memory(spec: MoEDeploymentSpec) -> list[Problem]:
     if arch is None or check_gpu_memory(spec):
         return []
     problems: list[Problem] = []
-    for name, pool in pools(spec):
+    for name, pool in pools(spec).items():
         try:
             layout = pool_layout(pool, spec.topology)
         except ValueError:

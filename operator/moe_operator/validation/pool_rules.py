@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import math
 
-from ..api.derived import attention_dp, nvlink_domain_size, pool_layout, resolve_architecture, world_size
+from ..api.derived import (
+    attention_dp,
+    nvlink_domain_size,
+    pool_layout,
+    pools,
+    resolve_architecture,
+    world_size,
+)
 from ..api.spec import MoEDeploymentSpec, PoolSpec
-from .common import pools
 from .problem import Problem
 
 DEEPEP_INTRANODE_RANKS = (2, 4, 8)
@@ -35,7 +41,7 @@ def check_attention(spec: MoEDeploymentSpec) -> list[Problem]:
     problems: list[Problem] = []
     topo = spec.topology
     domain = nvlink_domain_size(topo)
-    for name, pool in pools(spec):
+    for name, pool in pools(spec).items():
         world = world_size(pool, topo)
         field = f"spec.{name}.attentionDataParallel"
         dp = attention_dp(pool, topo)
@@ -72,7 +78,7 @@ def check_backend(spec: MoEDeploymentSpec) -> list[Problem]:
     """DeepEP needs a world of at least 2 GPUs, and 2, 4 or 8 inside a single node."""
     problems: list[Problem] = []
     topo = spec.topology
-    for name, pool in pools(spec):
+    for name, pool in pools(spec).items():
         if pool.all_to_all_backend != "deepep":
             continue
         field = f"spec.{name}.allToAllBackend"
@@ -105,7 +111,7 @@ def check_expert_slots(spec: MoEDeploymentSpec) -> list[Problem]:
     field = "spec.eplb.redundantExperts"
     problems: list[Problem] = []
     ep_pools: list[tuple[str, PoolSpec, int]] = []
-    for pool_name, pool_spec in pools(spec):
+    for pool_name, pool_spec in pools(spec).items():
         size = _ep(pool_spec, spec)
         if size is not None:  # None: attentionDataParallel does not divide the world (reported elsewhere)
             ep_pools.append((pool_name, pool_spec, size))

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from moe_contract.engine import EngineConfig
 from moe_runtime import eplb_hook, exchange
-from moe_runtime.config import EngineConfig, PodEnv
+from moe_runtime.config import PodEnv
 
 ENGINE_MODULE = "sglang.launch_server"
 

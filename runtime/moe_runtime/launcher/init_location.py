@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from moe_contract.engine import EngineConfig
+from moe_placement.maps import PlacementError, validate_map
 from moe_runtime import exchange
-from moe_runtime.config import EngineConfig
-from moe_runtime.placement import PlacementError, validate_map
 
 INIT_FILE = "init-expert-location.json"
 

@@ -10,15 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from moe_contract.engine import EngineConfig
 from moe_runtime import exchange
-from moe_runtime.config import (
-    DEFAULT_TOKEN_FILE,
-    ConfigError,
-    EngineConfig,
-    PodEnv,
-    load_config,
-    pod_problems,
-)
+from moe_runtime.config import DEFAULT_TOKEN_FILE, ConfigError, PodEnv, load_config, pod_problems
 from moe_runtime.launcher import init_location
 from moe_runtime.launcher.args import build_command, engine_env
 from moe_runtime.launcher.supervisor import Supervisor

@@ -12,7 +12,7 @@ import heapq
 import numpy as np
 import numpy.typing as npt
 
-from moe_runtime.placement import IntArray
+from moe_placement.maps import IntArray
 
 
 def deepseek_global(loads: npt.ArrayLike, num_gpus: int, num_redundant: int) -> IntArray:

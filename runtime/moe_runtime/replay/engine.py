@@ -17,8 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from moe_runtime import eplb_hook
-from moe_runtime.placement import (
+from moe_placement.maps import (
     Dispatch,
     FloatArray,
     IntArray,
@@ -27,6 +26,7 @@ from moe_runtime.placement import (
     slot_shares,
     trivial_map,
 )
+from moe_runtime import eplb_hook
 from moe_runtime.replay.baseline import deepseek_global
 from moe_runtime.replay.sglang_metrics import SGLangMetrics
 from moe_runtime.replay.trace import StreamingTrace, TraceConfig

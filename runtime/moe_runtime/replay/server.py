@@ -20,8 +20,10 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from moe_contract.engine import EngineConfig
+from moe_contract.pod import SIDECAR_PORT
 from moe_runtime import eplb_hook, exchange
-from moe_runtime.config import EngineConfig, load_config
+from moe_runtime.config import load_config
 from moe_runtime.launcher import init_location
 from moe_runtime.replay.engine import ReplayEngine, ReplayOptions
 from moe_runtime.replay.sglang_metrics import SGLangMetrics
@@ -143,7 +145,7 @@ async def serve(args: argparse.Namespace) -> int:
     sidecar = Sidecar(
         SidecarOptions(
             host=args.host,
-            port=_pick(args.port, cfg and cfg.ports.sidecar, 9400),
+            port=_pick(args.port, cfg and cfg.ports.sidecar, SIDECAR_PORT),
             state_dir=state_dir,
             token_file=Path(args.token_file) if args.token_file else None,
             layout=EngineLayout(

@@ -1,7 +1,7 @@
 """Endless per-pass routing for the replay engine, from the planner's trace model.
 
 The calibration (per-domain skew, per-layer spread, domain overlap) is the operator's
-``moe_operator.eplb.trace``: one trace model in the project. ``generate_trace`` draws a
+``moe_placement.trace``: one trace model in the project. ``generate_trace`` draws a
 whole [T, L, E] trace up front, which a replay that runs for hours cannot hold, so this
 module steps the same dynamics one pass at a time: a drifting domain mix (slow wave plus
 mean-reverting walk), a batch of sequences that persist (temporal locality), decaying
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moe_operator.eplb.trace import TraceConfig, domain_popularity
-from moe_runtime.placement import FloatArray, IntArray
+from moe_placement.maps import FloatArray, IntArray
+from moe_placement.trace import TraceConfig, domain_popularity
 
 __all__ = ["StreamingTrace", "TraceConfig"]
 

@@ -18,6 +18,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from moe_contract.pod import SIDECAR_PORT
 from moe_runtime import __version__, exchange
 from moe_runtime.sidecar.app import build_app
 from moe_runtime.sidecar.auth import TokenFile
@@ -30,7 +31,7 @@ log = logging.getLogger("moe_runtime.sidecar")
 @dataclass
 class SidecarOptions:
     host: str = "0.0.0.0"
-    port: int = 9400
+    port: int = SIDECAR_PORT
     state_dir: Path = field(default_factory=exchange.state_dir)
     token_file: Path | None = None
     layout: EngineLayout = field(default_factory=EngineLayout)

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from moe_runtime import exchange
-from moe_runtime.placement import (
+from moe_placement.maps import (
     Dispatch,
     FloatArray,
     IntArray,
@@ -26,6 +25,7 @@ from moe_runtime.placement import (
     trivial_map,
     validate_map,
 )
+from moe_runtime import exchange
 
 DEFAULT_RING = 64  # DeepSeek-V3 windows are ~125 kB each: 64 of them are ~8 MB
 

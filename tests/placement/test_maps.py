@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_runtime.placement import (
+from moe_placement.maps import (
     PlacementError,
     balancedness,
     expert_count,

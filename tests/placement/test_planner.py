@@ -5,8 +5,8 @@ from functools import partial
 import numpy as np
 import pytest
 
-from moe_operator.eplb import Plan, balancedness, gpu_loads, plan
-from moe_operator.eplb.layout import expert_counts
+from moe_placement import Plan, balancedness, gpu_loads, plan
+from moe_placement.layout import expert_counts
 
 TOY = np.array([[600.0, 560, 120, 120, 20, 10, 10, 10]])
 

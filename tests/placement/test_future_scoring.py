@@ -9,7 +9,7 @@ from functools import cache
 
 import pytest
 
-from moe_operator.eplb.bench import SETUPS, Row, compare
+from moe_placement.bench import SETUPS, Row, compare
 
 NAMES = ["EP8", "EP32", "EP72", "EP144"]
 

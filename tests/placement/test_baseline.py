@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from moe_operator.eplb import baseline_plan, gpu_loads
-from moe_operator.eplb.layout import expert_counts
+from moe_placement import baseline_plan, gpu_loads
+from moe_placement.layout import expert_counts
 
 TOY = np.array([[600.0, 560, 120, 120, 20, 10, 10, 10]])
 

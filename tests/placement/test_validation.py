@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from moe_operator.eplb import baseline_plan, plan
+from moe_placement import baseline_plan, plan
 
 LOADS = np.ones((2, 8))
 

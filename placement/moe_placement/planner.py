@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .forecast import forecast
+from .fresh import fresh_placement
 from .layout import BoolArray, FloatArray, IntArray, as_history, check_dispatch, check_placement, make_layout
 from .metrics import balancedness
 from .movement import respect_current
-from .placement import fresh_placement
 
 
 @dataclass(frozen=True)

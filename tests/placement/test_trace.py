@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from moe_operator.eplb import TraceConfig, generate_trace
+from moe_placement import TraceConfig, generate_trace
 
 
 def test_same_seed_same_trace_and_shapes() -> None:

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from moe_operator.eplb import plan
-from moe_operator.eplb.guided import guided_rows
-from moe_operator.eplb.layout import expert_counts
-from moe_operator.eplb.packing import Bins, gpu_totals
+from moe_placement import plan
+from moe_placement.guided import guided_rows
+from moe_placement.layout import expert_counts
+from moe_placement.packing import Bins, gpu_totals
 
 
 def _noisy_history(steps: int = 64) -> np.ndarray:

@@ -76,7 +76,7 @@ def _read_json(path: Path, key: str) -> Any:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from .planner import plan
+    from moe_placement.planner import plan
 
     try:
         loads = np.asarray(_read_json(args.load, "logical_count"), dtype=np.float64)
@@ -109,7 +109,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from .bench import SETUPS, calibration, compare, format_rows, time_planning
+    from moe_placement.bench import SETUPS, calibration, compare, format_rows, time_planning
 
     names = [s for s in args.setups.split(",") if s]
     unknown = [s for s in names if s not in SETUPS]

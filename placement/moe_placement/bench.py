@@ -19,9 +19,9 @@ import numpy as np
 
 from .baseline import baseline_plan
 from .forecast import Forecast, shares
+from .fresh import fresh_placement
 from .layout import FloatArray, IntArray, make_layout
 from .metrics import gpu_loads, imbalance
-from .placement import fresh_placement
 from .planner import plan
 from .scoring import Score, rebalance_points, rolling_plans, score_plans
 from .trace import TraceConfig, generate_trace

@@ -4,10 +4,10 @@ import itertools
 
 import numpy as np
 
-from moe_operator.eplb.layout import make_layout
-from moe_operator.eplb.matching import hungarian, match_to_current
-from moe_operator.eplb.metrics import gpu_loads
-from moe_operator.eplb.one_slot import keep_positions
+from moe_placement.layout import make_layout
+from moe_placement.matching import hungarian, match_to_current
+from moe_placement.metrics import gpu_loads
+from moe_placement.one_slot import keep_positions
 
 
 def test_hungarian_matches_brute_force() -> None:

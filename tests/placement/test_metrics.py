@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from moe_operator.eplb import balancedness, gpu_loads
-from moe_operator.eplb.metrics import slot_shares
+from moe_placement import balancedness, gpu_loads
+from moe_placement.metrics import slot_shares
 
 
 def static_shares_by_rank(phy2log: np.ndarray, num_experts: int, num_gpus: int, num_nodes: int) -> np.ndarray:

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 # subcommand -> module with `register(subparsers)`
 _GROUPS: dict[str, str] = {
     "sandbox": "moe_operator.sandbox.cli",
-    "eplb": "moe_operator.eplb.cli",
-    "run": "moe_operator.handlers.cli",
-    "plan": "moe_operator.topology.cli",
-    "crds": "moe_operator.api.cli",
-    "placement": "moe_operator.control.cli",
+    "eplb": "moe_operator.cli.eplb",
+    "run": "moe_operator.cli.run",
+    "plan": "moe_operator.cli.plan",
+    "crds": "moe_operator.cli.crds",
+    "placement": "moe_operator.cli.placement",
 }
 
 
@@ -35,13 +35,7 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
             # Register a cheap placeholder so --help still lists every command.
             subparsers.add_parser(name, add_help=False)
             continue
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith(module):
-                continue  # that part of the product is not built yet
-            raise
-        mod.register(subparsers)
+        importlib.import_module(module).register(subparsers)
     return parser
 
 
