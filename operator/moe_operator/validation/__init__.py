@@ -11,10 +11,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..api.spec import MoEDeploymentSpec
-from .arg_rules import check_env, check_extra_args, check_resources
+from .arg_rules import check_extra_args
 from .consistency_rules import check_eplb, check_ports
 from .memory_rules import check_gpu_memory, check_memory
 from .model_rules import check_model
+from .pod_rules import check_env, check_resources
 from .pool_rules import check_attention, check_backend, check_expert_slots, check_topology
 from .problem import Problem
 from .schema import parse_spec
