@@ -34,7 +34,7 @@ import httpx
 import yaml
 
 from moe_operator.api import build_crd
-from moe_operator.sandbox.cluster import Ports, Sandbox, server_side_apply
+from moe_sandbox.cluster import Ports, Sandbox, server_side_apply
 
 REPO = Path(__file__).resolve().parents[1]
 NODES = """

@@ -39,7 +39,7 @@ if [ "${1:-}" = "down" ]; then
   step "stopping the operator"
   stop_operator
   step "stopping the sandbox"
-  .venv/bin/moe-operator sandbox down
+  .venv/bin/moe-sandbox down
   exit 0
 fi
 
@@ -50,7 +50,7 @@ demo stop >/dev/null  # leftovers of an earlier run
 
 step "starting the sandbox control plane (state: $STATE, ports from $MOE_SANDBOX_PORT_BASE)"
 nodes=$(demo nodes-file "$STATE/demo-nodepools.yaml")
-.venv/bin/moe-operator sandbox up ${nodes:+--nodes "$nodes"} | tee "$STATE/demo-up.log"
+.venv/bin/moe-sandbox up ${nodes:+--nodes "$nodes"} | tee "$STATE/demo-up.log"
 KUBECONFIG=$(sed -n 's/^KUBECONFIG=//p' "$STATE/demo-up.log" | tail -1)
 export KUBECONFIG
 

@@ -26,17 +26,18 @@ command -v go >/dev/null || { echo "error: Go >= 1.26 is required to build the s
 PY=${PYTHON:-python3}
 "$PY" -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 required"'
 
-# The four distributions (placement, contract, runtime, operator), editable, plus the dev tools
+# The four distributions (placement, contract, runtime, operator) and the dev-only sandbox, editable,
+# plus the dev tools
 # (pyproject.toml's dependency group; pip >= 25.1 reads it).
-stamp=.venv/.installed-$(cat pyproject.toml {placement,contract,runtime,operator}/pyproject.toml | sha256sum | cut -c1-16)
+stamp=.venv/.installed-$(cat pyproject.toml {placement,contract,runtime,operator,e2e/sandbox}/pyproject.toml | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   step "creating the Python virtualenv .venv (operator, runtime, shared packages, dev tools)"
   [ -x .venv/bin/python ] || "$PY" -m venv .venv
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip uninstall -q -y moe-operator 2>/dev/null || true  # an older single-distribution install
-  .venv/bin/pip install -q -e placement -e contract -e runtime -e operator --group dev
+  .venv/bin/pip install -q -e placement -e contract -e runtime -e operator -e e2e/sandbox --group dev
   rm -f .venv/.installed-*; touch "$stamp"
 fi
 
 step "building the sandbox's pinned upstream binaries (first time: 15-30 min on 2 cores; then cached)"
-.venv/bin/moe-operator sandbox build
+.venv/bin/moe-sandbox build

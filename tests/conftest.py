@@ -1,4 +1,4 @@
-"""Shared fixtures: the session-wide sandbox (moe_operator.sandbox.testing) and the real operator
+"""Shared fixtures: the session-wide sandbox (moe_sandbox.testing) and the real operator
 (operator_plugin, also loaded by e2e/scenarios so one session runs one operator)."""
 
-pytest_plugins = ["moe_operator.sandbox.testing", "operator_plugin"]
+pytest_plugins = ["moe_sandbox.testing", "operator_plugin"]

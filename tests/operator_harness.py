@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 
 from moe_operator.api import build_crd
-from moe_operator.sandbox.cluster import Sandbox, server_side_apply
-from moe_operator.sandbox.testing import wait_for
+from moe_sandbox.cluster import Sandbox, server_side_apply
+from moe_sandbox.testing import wait_for
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 OPERATOR_USER = "moe-operator"

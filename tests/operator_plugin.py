@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_operator.sandbox.cluster import Sandbox
+from moe_sandbox.cluster import Sandbox
 from operator_harness import OperatorProcess, install_crd
 
 

@@ -36,9 +36,10 @@ import numpy as np
 import yaml
 from demo_prometheus import RuntimeTarget, episodes, identity, scrape_config, shorten_for, vector_by
 
-from moe_operator.sandbox import nodepools, toolchain
-from moe_operator.sandbox.cluster import Sandbox
-from moe_operator.sandbox.paths import state_dir
+from moe_operator.topology import nodepools
+from moe_sandbox import toolchain
+from moe_sandbox.cluster import Sandbox
+from moe_sandbox.paths import state_dir
 
 REPO = Path(__file__).resolve().parents[2]
 ALERT = "MoEExpertImbalanceHigh"

@@ -1,7 +1,7 @@
 """e2e scenarios: the local sandbox by default, an existing cluster with E2E_KUBECONFIG or --kubeconfig.
 
 The sandbox, its operator process and the per-test namespace are the shared fixtures of
-moe_operator.sandbox.testing and tests/operator_plugin.py (one of each per session, also
+moe_sandbox.testing and tests/operator_plugin.py (one of each per session, also
 when this tree runs together with tests/). Chaos scenarios record recovery times that the
 run prints at the end.
 """
@@ -18,14 +18,14 @@ import pytest
 
 sys.path.append(str(Path(__file__).resolve().parents[2] / "tests"))  # operator_harness, operator_plugin
 # The helpers below import the fixture plugin before pytest_plugins loads it: rewrite it anyway.
-pytest.register_assert_rewrite("moe_operator.sandbox.testing")
+pytest.register_assert_rewrite("moe_sandbox.testing")
 
 from e2e_moe import RECOVERIES, Recovery, moed_path  # noqa: E402
 from e2e_target import Target  # noqa: E402
 
 from operator_harness import bind_model_volume  # noqa: E402
 
-pytest_plugins = ["moe_operator.sandbox.testing", "operator_plugin"]
+pytest_plugins = ["moe_sandbox.testing", "operator_plugin"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

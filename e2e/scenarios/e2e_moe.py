@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import yaml
 
-from moe_operator.sandbox.testing import wait_for
+from moe_sandbox.testing import wait_for
 from operator_harness import moed_path as moed_path  # re-exported for the scenarios
 
 REPO = Path(__file__).resolve().parents[2]

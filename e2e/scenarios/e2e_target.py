@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from moe_operator.handlers.kube import connection
-from moe_operator.sandbox.cluster import Sandbox
+from moe_sandbox.cluster import Sandbox
 from operator_harness import OperatorProcess
 
 

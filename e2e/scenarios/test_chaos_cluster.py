@@ -29,7 +29,7 @@ from e2e_moe import (
 )
 from e2e_target import Target
 
-from moe_operator.sandbox.testing import wait_for
+from moe_sandbox.testing import wait_for
 
 pytestmark = pytest.mark.cluster
 

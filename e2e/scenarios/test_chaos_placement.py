@@ -25,7 +25,7 @@ from e2e_moe import (
 )
 from e2e_target import Target
 
-from moe_operator.sandbox.testing import wait_for
+from moe_sandbox.testing import wait_for
 from operator_harness import start_replay
 
 pytestmark = pytest.mark.cluster

@@ -20,8 +20,8 @@ import pytest
 from e2e_moe import REPO, Recovery, engine_pods, get_moed, metric, moed_path, qwen3, wait_ready
 from e2e_target import Target
 
-from moe_operator.sandbox.nodepools import KWOK_ANNOTATION
-from moe_operator.sandbox.testing import wait_for
+from moe_operator.topology.nodepools import KWOK_ANNOTATION
+from moe_sandbox.testing import wait_for
 
 pytestmark = pytest.mark.cluster
 

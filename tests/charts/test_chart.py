@@ -20,9 +20,9 @@ import httpx
 import pytest
 import yaml
 
-from moe_operator.sandbox.cluster import Sandbox
-from moe_operator.sandbox.testing import wait_for
-from moe_operator.sandbox.toolchain import binary_path
+from moe_sandbox.cluster import Sandbox
+from moe_sandbox.testing import wait_for
+from moe_sandbox.toolchain import binary_path
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "moe-operator"
@@ -42,7 +42,7 @@ WEBHOOK_CONFIG = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigu
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     exe = binary_path("helm")
-    assert exe.exists(), f"{exe} missing: build it with `moe-operator sandbox build` (e2e/setup.sh does)"
+    assert exe.exists(), f"{exe} missing: build it with `moe-sandbox build` (e2e/setup.sh does)"
     env = {**os.environ, "HELM_CACHE_HOME": "/tmp/moe-helm/cache", "HELM_CONFIG_HOME": "/tmp/moe-helm/config"}
     proc = subprocess.run([str(exe), *args], capture_output=True, text=True, env=env, timeout=300)
     if check:

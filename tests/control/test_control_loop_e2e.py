@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from moe_operator.control import history_store
-from moe_operator.sandbox.testing import wait_for
+from moe_sandbox.testing import wait_for
 from operator_harness import OperatorProcess, moed_path, start_replay
 
 pytestmark = pytest.mark.cluster

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from moe_operator.render.group import BOOT_PLACEMENT
-from moe_operator.sandbox.testing import wait_for
+from moe_sandbox.testing import wait_for
 from operator_harness import moed_path
 
 pytestmark = pytest.mark.cluster

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from moe_operator.sandbox.cluster import Ports, Sandbox
-from moe_operator.sandbox.testing import TEST_PORT_BASE
+from moe_sandbox.cluster import Ports, Sandbox
+from moe_sandbox.testing import TEST_PORT_BASE
 
 pytestmark = pytest.mark.cluster
 

@@ -19,9 +19,9 @@ from test_reconciler import (
     wait_ready,
 )
 
-from moe_operator.sandbox import leaderworkerset as lws
-from moe_operator.sandbox.cluster import Sandbox
-from moe_operator.sandbox.testing import wait_for
+from moe_sandbox import leaderworkerset as lws
+from moe_sandbox.cluster import Sandbox
+from moe_sandbox.testing import wait_for
 from operator_harness import OperatorProcess, bind_model_volume, moed_path
 
 pytestmark = pytest.mark.cluster

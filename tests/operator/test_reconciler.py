@@ -13,8 +13,8 @@ import httpx
 import pytest
 import yaml
 
-from moe_operator.sandbox.cluster import Sandbox
-from moe_operator.sandbox.testing import wait_for
+from moe_sandbox.cluster import Sandbox
+from moe_sandbox.testing import wait_for
 from operator_harness import OperatorProcess, bind_model_volume, moed_path
 
 pytestmark = pytest.mark.cluster

@@ -17,8 +17,8 @@ import httpx
 import pytest
 import yaml
 
-from moe_operator.sandbox.cluster import Sandbox, server_side_apply
-from moe_operator.sandbox.testing import wait_for
+from moe_sandbox.cluster import Sandbox, server_side_apply
+from moe_sandbox.testing import wait_for
 from operator_harness import install_crd
 
 pytestmark = pytest.mark.cluster

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from moe_operator.sandbox import nodepools
-from moe_operator.sandbox.cluster import Ports, Sandbox, _port_open
-from moe_operator.sandbox.testing import wait_for
+from moe_operator.topology import nodepools
+from moe_sandbox.cluster import Ports, Sandbox, _port_open
+from moe_sandbox.testing import wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from moe_operator.sandbox import nodepools
+from moe_operator.topology import nodepools
 from moe_operator.topology.planner import PoolRequest, TopologyPolicy, plan_topology
 from moe_operator.topology.snapshot import NodeInfo, node_from_object
 

@@ -1,8 +1,8 @@
-"""`moe-operator`: one command line for the operator, the sandbox and the planners.
+"""`moe-operator`: one command line for the operator, its offline tools and the planners.
 
 Each subcommand group lives next to the code it drives and contributes a
 ``register(subparsers)`` function; this module only wires them together, importing
-lazily so that `moe-operator sandbox status` does not pay for kopf or numpy.
+lazily so that `moe-operator crds check` does not pay for kopf or numpy.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 # subcommand -> module with `register(subparsers)`
 _GROUPS: dict[str, str] = {
-    "sandbox": "moe_operator.sandbox.cli",
     "eplb": "moe_operator.cli.eplb",
     "run": "moe_operator.cli.run",
     "plan": "moe_operator.cli.plan",

@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
 
 
 def _load_nodes(path: Path | None) -> list[dict[str, Any]]:
-    from moe_operator.sandbox import nodepools
+    from moe_operator.topology import nodepools
 
     if path is None:
         objs = nodepools.render_nodes(nodepools.load())

@@ -10,8 +10,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from moe_operator.sandbox.paths import cache_root
-
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -60,20 +58,23 @@ class RoutineSuccessFilter(logging.Filter):
         return not (record.levelno == logging.INFO and self._routine.match(record.getMessage()))
 
 
+def _cert_dir() -> Path:
+    """Where generated webhook certificates live (XDG cache, or $MOE_WEBHOOK_CERT_DIR)."""
+    explicit = os.environ.get("MOE_WEBHOOK_CERT_DIR")
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(cache) / "moe-operator" / "webhook-pki"
+
+
 def _webhook_files(args: argparse.Namespace) -> tuple[Path, Path, Path]:
     if args.webhook_cert and args.webhook_key and args.webhook_ca:
         return args.webhook_cert, args.webhook_key, args.webhook_ca
-    from moe_operator.sandbox.pki import ensure_pki, issue_serving_cert
+    from moe_operator.certs import ensure_webhook_certs
 
     host = args.webhook_host or args.webhook_addr
-    pki = ensure_pki(cache_root() / "webhook-pki")
-    cert = pki.dir / "webhook.crt"
-    key = pki.dir / "webhook.key"
-    host_file = pki.dir / "webhook.host"
-    if not cert.exists() or not host_file.exists() or host_file.read_text() != host:
-        cert, key = issue_serving_cert(pki, "webhook", [host, "localhost", "127.0.0.1"])
-        host_file.write_text(host)
-    return cert, key, pki.ca_cert
+    certs = ensure_webhook_certs(_cert_dir(), list(dict.fromkeys([host, "localhost", "127.0.0.1"])))
+    return certs.cert, certs.key, certs.ca_cert
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moe_operator.sandbox.paths import cache_root, toolchain_dir
+from moe_sandbox.paths import cache_root, toolchain_dir
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`moe-operator sandbox up | down | status | build`."""
+"""`moe-sandbox up | down | status | build`: the development control plane (not part of the product)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,25 @@ import argparse
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
-from moe_operator.sandbox import leaderworkerset, nodepools, toolchain
-from moe_operator.sandbox.cluster import Sandbox, SandboxError
+from moe_operator.topology import nodepools
+from moe_sandbox import leaderworkerset, toolchain
+from moe_sandbox.cluster import Sandbox, SandboxError
 
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "sandbox",
-        help="local Kubernetes control plane with simulated GPU node pools",
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="moe-sandbox",
         description=(
             "A real kube-apiserver, etcd, controller-manager, scheduler and kwok (simulated GPU nodes), "
             "built from upstream sources and run as local processes. No GPUs and no kubelet: pods "
@@ -50,6 +55,7 @@ def register(subparsers: Any) -> None:
 
     build = sub.add_parser("build", help="only build the pinned upstream binaries (cached by version)")
     build.set_defaults(func=_build)
+    return parser
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -64,7 +70,7 @@ def _up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     _print_nodes(box)
-    print(f"sandbox up in {seconds:.1f}s; logs in {box.dir / 'logs'}; stop with: moe-operator sandbox down")
+    print(f"sandbox up in {seconds:.1f}s; logs in {box.dir / 'logs'}; stop with: moe-sandbox down")
     print(f"KUBECONFIG={box.kubeconfig}")
     return 0
 
@@ -120,3 +126,7 @@ def _print_nodes(box: Sandbox) -> None:
         f"{sum(cliques.values())} nodes in {len(cliques)} NVLink cliques: "
         + ", ".join(f"{k} ({v} nodes)" for k, v in sorted(cliques.items()))
     )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,14 +23,15 @@ from typing import Any
 import httpx
 import yaml
 
-from moe_operator.sandbox import nodepools, toolchain
-from moe_operator.sandbox.paths import state_dir
-from moe_operator.sandbox.pki import Pki, ensure_pki
+from moe_operator.topology import nodepools
+from moe_sandbox import toolchain
+from moe_sandbox.paths import state_dir
+from moe_sandbox.pki import Pki, ensure_pki
 
 Log = Callable[[str], None]
 
 COMPONENT_ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
-# Started on demand (moe_operator.sandbox.leaderworkerset), stopped by `down` like the rest.
+# Started on demand (moe_sandbox.leaderworkerset), stopped by `down` like the rest.
 ADDONS = ("lws-controller",)
 
 
@@ -132,7 +133,7 @@ class Sandbox:
 
     def user_kubeconfig(self, user: str) -> Path:
         """A kubeconfig for a named admin user, e.g. the operator, so its writes show in the audit log."""
-        from moe_operator.sandbox.pki import issue_client_cert
+        from moe_sandbox.pki import issue_client_cert
 
         crt, key = issue_client_cert(self.pki, f"user-{user}", user)
         path = self.dir / f"kubeconfig-{user}"

@@ -1,4 +1,8 @@
-"""Simulated GPU node pools: a small declarative file expanded into kwok Node objects (pure)."""
+"""Node pools: a small declarative file expanded into Node objects (pure).
+
+The format `moe-operator plan` and `render` read to plan offline, and the one the sandbox
+expands into simulated (kwok) GPU nodes; the shipped default is the sandbox's pools.
+"""
 
 from __future__ import annotations
 
@@ -65,7 +69,7 @@ class NodePoolsFile(BaseModel):
 def load(path: Path | None = None) -> NodePoolsFile:
     """Read a node pools file; None means the default one shipped with the package."""
     if path is None:
-        text = resources.files("moe_operator.sandbox").joinpath("data/nodepools.yaml").read_text()
+        text = resources.files("moe_operator.topology").joinpath("data/nodepools.yaml").read_text()
     else:
         text = Path(path).read_text()
     return NodePoolsFile.model_validate(yaml.safe_load(text))

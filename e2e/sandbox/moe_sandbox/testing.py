@@ -1,6 +1,6 @@
 """pytest fixtures over the sandbox: one control plane shared by the whole test session.
 
-Load with ``pytest_plugins = ["moe_operator.sandbox.testing"]``. Tests get their own
+Load with ``pytest_plugins = ["moe_sandbox.testing"]``. Tests get their own
 state directory and port range, so they never touch a sandbox the user started by hand.
 """
 
@@ -18,8 +18,8 @@ import httpx
 import pytest
 import yaml
 
-from moe_operator.sandbox.cluster import Ports, Sandbox
-from moe_operator.sandbox.paths import cache_root
+from moe_sandbox.cluster import Ports, Sandbox
+from moe_sandbox.paths import cache_root
 
 TEST_PORT_BASE = int(os.environ.get("MOE_TEST_PORT_BASE", "17000"))
 

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import yaml
 
-from moe_operator.sandbox import toolchain
-from moe_operator.sandbox.cluster import Log, Sandbox, SandboxError, server_side_apply
-from moe_operator.sandbox.pki import issue_serving_cert
+from moe_sandbox import toolchain
+from moe_sandbox.cluster import Log, Sandbox, SandboxError, server_side_apply
+from moe_sandbox.pki import issue_serving_cert
 
 ADDON = "lws-controller"
 CRD_NAME = "leaderworkersets.leaderworkerset.x-k8s.io"
