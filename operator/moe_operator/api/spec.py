@@ -567,33 +567,49 @@ class EPLBSpec(APIObject):
     )
 
 
+# A Kubernetes label value (the API server refuses others on the monitoring objects).
+MonitoringLabelValue = Annotated[
+    str, StringConstraints(pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", max_length=63)
+]
+
+
 class MonitoringSpec(APIObject):
-    """Prometheus Operator objects the operator creates for this deployment."""
+    """Prometheus Operator objects the operator creates for this deployment (docs/alerts.md)."""
 
     pod_monitor: bool = Field(
         default=True,
-        description="Create a PodMonitor scraping the engines' and sidecars' metrics. Skipped (with an "
-        "event) when the monitoring.coreos.com CRDs are not installed.",
+        description="Create a PodMonitor (monitoring.coreos.com/v1) scraping every engine pod's SGLang "
+        "metrics (port http, spec.engine.port) and runtime sidecar (port runtime), and the router's "
+        "metrics (port metrics), with the deployment and pool labels the alert rules group by. Skipped "
+        "(with an event) while the cluster does not serve the monitoring.coreos.com CRDs.",
     )
     prometheus_rule: bool = Field(
         default=True,
-        description="Create a PrometheusRule with the expert-imbalance and availability alerts.",
+        description="Create a PrometheusRule with the alerts of docs/alerts.md (expert imbalance, load "
+        "reporting, rebalancing, availability, latency) for this deployment only: minBalancedness and "
+        "alertFor set the expert-imbalance alerts, the others keep the documented thresholds. Skipped "
+        "(with an event) while the cluster does not serve the monitoring.coreos.com CRDs. Leave it off "
+        "where the cluster-wide rule file already covers the deployment.",
     )
-    labels: dict[LabelKey, LabelValue] = Field(
+    labels: dict[LabelKey, MonitoringLabelValue] = Field(
         default_factory=dict,
         max_length=16,
         description="Extra labels on the PodMonitor and PrometheusRule, for example the release label "
-        "your Prometheus selects rules by.",
+        "your Prometheus selects them by (podMonitorSelector, ruleSelector). The operator's own labels "
+        "win a clash.",
     )
     min_balancedness: float = Field(
-        default=0.8,
+        default=0.7,
         ge=0.0,
         le=1.0,
-        description="Alert when a pool's balancedness (mean / max tokens over GPUs, 1.0 = perfect) stays "
-        "below this for alertFor.",
+        description="The expert-imbalance alerts (MoEExpertImbalanceHigh, MoEPlacementStaleWhileImbalanced) "
+        "fire when a pool's balancedness (mean / max tokens over GPUs, 1.0 = perfect) stays below this "
+        "for alertFor. The default is the cluster-wide rule file's.",
     )
     alert_for: Duration = Field(
-        default="15m", description="How long a condition must hold before its alert fires, as a duration."
+        default="15m",
+        description="How long a pool's balancedness must stay below minBalancedness before the "
+        "expert-imbalance alerts fire, as a duration.",
     )
 
 
