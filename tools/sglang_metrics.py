@@ -470,6 +470,11 @@ HEADER = f"""\
 #   inter_token_latency (only decode and standalone servers do); num_requests_total counts
 #   finished requests on every server. Scheduler gauges are written by stats-logging ranks only
 #   (attention-TP rank 0 of each attention-DP group), every 30 s while idle.
+# --expert-balancedness-report-mode (metrics_reporter.py, expert_distribution.py): prometheus or
+#   both adds sglang:eplb_balancedness (observed once per forward pass with EPLB metrics, on the
+#   first scheduler; forward_mode is ForwardMode's name lowercased: extend, decode, mixed, idle,
+#   ...); any mode but off registers sglang:eplb_gpu_physical_count on every rank (buckets
+#   0 .. ep_size-1, here ep_size 8), observed only with SGLANG_EPLB_HEATMAP_COLLECTION_INTERVAL > 0.
 # exposition: the real /metrics text of the {EXPOSITION_VARIANT} variant after a fixed set of observations.
 """
 
