@@ -13,12 +13,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from .flags import engine_catalog, resolve
 from .pod import DEFAULT_PLACEMENT_PATH, SIDECAR_PORT
 
 Role = Literal["prefill", "decode", "standalone"]
 A2ABackend = Literal["deepep", "none", "mooncake", "nixl", "mori", "flashinfer", "deepep_v2", "pplx"]
 DeepEPMode = Literal["auto", "normal", "low_latency"]
-EplbModeName = Literal["operator", "engine", "static", "off"]
+EplbMode = Literal["operator", "engine", "static", "off"]  # spec.eplb.mode, one name everywhere
 DispatchAlgorithm = Literal["static", "dynamic", "fake", "lp"]
 TransferBackend = Literal["mooncake", "nixl", "mori", "mooncake_tcp", "fake"]
 
@@ -70,7 +71,7 @@ class Parallelism(_Model):
 
 
 class Eplb(_Model):
-    mode: EplbModeName = "operator"
+    mode: EplbMode = "operator"
     num_redundant_experts: int = Field(default=0, ge=0)
     rebalance_iterations: int = Field(default=1000, ge=1, description="forward passes between rebalances")
     rebalance_layers_per_chunk: int | None = Field(default=None, ge=1)
@@ -189,7 +190,12 @@ def config_problems(cfg: EngineConfig) -> list[str]:
     return out
 
 
-# Flags the launcher derives from fields; extraArgs may not override them.
+# Flags the launcher derives from fields (canonical names of the engine's flag catalog,
+# moe_contract/catalogs); extraArgs may not set them under any spelling SGLang accepts: an alias
+# (--tensor-parallel-size, --ep) or an unambiguous prefix (--tp) reaches the same argparse dest.
+# The operator's admission refuses the same dests (moe_operator.validation.flags), except
+# --trust-remote-code and --load-format, which it moves from extraArgs into their fields.
+# --eplb-algorithm is the user's (no spec field): admission checks the name instead.
 MANAGED_FLAGS = frozenset(
     {
         "--model-path",
@@ -199,15 +205,11 @@ MANAGED_FLAGS = frozenset(
         "--nnodes",
         "--node-rank",
         "--dist-init-addr",
-        "--nccl-init-addr",
         "--tp-size",
-        "--tensor-parallel-size",
         "--attn-dp-size",
         "--dp-size",
-        "--data-parallel-size",
         "--enable-dp-attention",
         "--ep-size",
-        "--expert-parallel-size",
         "--moe-a2a-backend",
         "--deepep-mode",
         "--deepep-config",
@@ -219,11 +221,12 @@ MANAGED_FLAGS = frozenset(
         "--ep-num-redundant-experts",
         "--eplb-rebalance-num-iterations",
         "--eplb-rebalance-layers-per-chunk",
-        "--eplb-algorithm",
         "--ep-dispatch-algorithm",
         "--init-expert-location",
+        "--expert-distribution-recorder-mode",
         "--enable-metrics",
         "--expert-balancedness-report-mode",
+        "--kv-cache-dtype",
         "--load-format",
         "--trust-remote-code",
     }
@@ -231,4 +234,17 @@ MANAGED_FLAGS = frozenset(
 
 
 def managed_flags_in(args: list[str]) -> set[str]:
-    return {a.split("=", 1)[0] for a in args if a.split("=", 1)[0] in MANAGED_FLAGS}
+    """The managed flags ``args`` set, as written (and the flag meant, for an alias or a prefix)."""
+    catalog = engine_catalog()
+    dests = {catalog.flag(f).dest for f in MANAGED_FLAGS}
+    resolution = resolve(catalog, args)
+    found = [(occ.written, occ.flag) for occ in resolution.occurrences]
+    # A managed flag with a bad value is still a managed flag (a stray value names the flag before it).
+    found += [
+        (e.token.split("=", 1)[0], e.flag) for e in resolution.errors if e.flag and e.kind != "stray_value"
+    ]
+    return {
+        written if written == flag.name else f"{written} ({flag.name})"
+        for written, flag in found
+        if flag.dest in dests
+    }

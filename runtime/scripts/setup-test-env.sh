@@ -15,11 +15,16 @@
 # - sglang is installed with --no-deps: its full dependency set (flashinfer, deep-gemm,
 #   sgl-kernel, ...) is GPU-only. The light packages below are what the modules the
 #   tests import need (plugins.hook_registry, eplb.*, server_args) on CPU.
+# - sglang-router (the PD router, a Rust binary behind a Python argparse CLI) the same way: its
+#   flag catalog and the rendered router commands are checked against its own parser. Its
+#   declared dependencies are light; ROUTER_PACKAGES are those the light set lacks.
 set -euo pipefail
 
 TORCH_VERSION="2.14.1"
 SGLANG_VERSION="0.5.23"
+SGLANG_ROUTER_VERSION="0.3.2"
 LIGHT_PACKAGES=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp)
+ROUTER_PACKAGES=(setproctitle uvicorn fastapi)
 TEST_PACKAGES=(pytest pytest-timeout)
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -32,14 +37,15 @@ log() { printf '[setup-test-env %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 "$python" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' \
     || { log "need Python >= 3.11 ($python)"; exit 1; }
 
-# The four distributions of the repository (the runtime's tests render the operator's examples).
-DISTS=(placement contract runtime operator)
+# The distributions of the repository (the runtime's tests render the operator's examples; the
+# tests' conftest loads the sandbox's pytest fixtures).
+DISTS=(placement contract runtime operator e2e/sandbox)
 
 project_deps() {
     "$python" - "$repo" "${DISTS[@]}" <<'EOF'
 import re, sys, tomllib
 repo, names = sys.argv[1], sys.argv[2:]
-local = {"moe-placement", "moe-contract", "moe-runtime", "moe-operator"}
+local = {"moe-placement", "moe-contract", "moe-runtime", "moe-operator", "moe-sandbox"}
 deps = []
 for name in names:
     with open(f"{repo}/{name}/pyproject.toml", "rb") as fh:
@@ -67,6 +73,7 @@ EOF
 }
 key="$( {
     echo "$TORCH_VERSION $SGLANG_VERSION ${LIGHT_PACKAGES[*]} ${TEST_PACKAGES[*]}"
+    echo "sglang-router $SGLANG_ROUTER_VERSION ${ROUTER_PACKAGES[*]}"
     project_install_surface
     "$python" --version
 } | sha256sum | cut -c1-16)"
@@ -79,9 +86,13 @@ import sglang.srt.eplb.eplb_algorithms  # noqa: F401
 import sglang.srt.eplb.expert_location  # noqa: F401
 import sglang.srt.plugins.hook_registry  # noqa: F401
 import moe_runtime.sglang_plugin  # noqa: F401
+import sglang_router.launch_router  # noqa: F401
 eps = [ep.value for ep in md.entry_points(group="sglang.srt.plugins")]
 assert "moe_runtime.sglang_plugin:register" in eps, eps
-print(f"torch {torch.__version__}, sglang {md.version('sglang')}, plugin entry point registered")
+print(
+    f"torch {torch.__version__}, sglang {md.version('sglang')}, "
+    f"sglang-router {md.version('sglang-router')}, plugin entry point registered"
+)
 EOF
 }
 
@@ -106,10 +117,16 @@ log "installing sglang==$SGLANG_VERSION without dependencies, plus the light pac
 "${pip[@]}" install --no-deps "sglang==$SGLANG_VERSION"
 "${pip[@]}" install "${LIGHT_PACKAGES[@]}"
 
+log "installing sglang-router==$SGLANG_ROUTER_VERSION without dependencies, plus what it imports"
+"${pip[@]}" install --no-deps "sglang-router==$SGLANG_ROUTER_VERSION"
+"${pip[@]}" install "${ROUTER_PACKAGES[@]}"
+
 log "installing the project (editable, no deps) and its declared dependencies"
 mapfile -t deps < <(project_deps)
 "${pip[@]}" install "${deps[@]}" "${TEST_PACKAGES[@]}"
-"${pip[@]}" install --no-deps $(printf -- '-e %s/%s ' "$repo" "${DISTS[@]}")
+editables=()
+for dist in "${DISTS[@]}"; do editables+=(-e "$repo/$dist"); done
+"${pip[@]}" install --no-deps "${editables[@]}"
 
 log "checking imports"
 check_imports

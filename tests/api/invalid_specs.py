@@ -365,7 +365,7 @@ INVALID_SPECS: tuple[InvalidSpec, ...] = (
     ),
     InvalidSpec(
         "owned-flag-equals-form",
-        {"decode": {"extraArgs": ["--cuda-graph-max-bs", "128", "--ep-num-redundant-experts=16"]}},
+        {"decode": {"extraArgs": ["--cuda-graph-max-bs-decode", "128", "--ep-num-redundant-experts=16"]}},
         "spec.decode.extraArgs[2]",
         "spec.eplb.redundantExperts",
         "webhook",
@@ -374,7 +374,7 @@ INVALID_SPECS: tuple[InvalidSpec, ...] = (
         "owned-flag-underscore-form",
         {"prefill": {"extraArgs": ["--disaggregation_mode", "prefill"]}},
         "spec.prefill.extraArgs[0]",
-        "--disaggregation-mode is set by the operator",
+        "did you mean --disaggregation-mode",
         "webhook",
     ),
     InvalidSpec(

@@ -302,7 +302,7 @@ def change_spec_and_watch_roll(
     """Change the engine args (a new pod template) and poll until every decode pod was replaced
     and the deployment is Ready; returns the fewest instances serving at any poll, and the object."""
     before = _uids(engine_pods(api, namespace, name))
-    patch = {"spec": {"engine": {"extraArgs": ["--trust-remote-code", "--cuda-graph-max-bs", "64"]}}}
+    patch = {"spec": {"engine": {"extraArgs": ["--trust-remote-code", "--cuda-graph-max-bs-decode", "64"]}}}
     resp = api.patch(
         moed_path(namespace, name), json=patch, headers={"Content-Type": "application/merge-patch+json"}
     )

@@ -245,12 +245,17 @@ class EngineSpec(APIObject):
         default_factory=list,
         max_length=64,
         description="Extra SGLang launch_server arguments for both pools, one token per item "
-        '(["--chunked-prefill-size", "8192"] or ["--chunked-prefill-size=8192"]). Flags the operator '
-        "derives from this spec (--tp-size, --ep-size, --attn-dp-size, --nnodes, --node-rank, "
+        '(["--chunked-prefill-size", "8192"] or ["--chunked-prefill-size=8192"]). Admission reads them '
+        "as SGLang 0.5.23's parser does (aliases, abbreviations, value types and choices) and refuses "
+        "unknown, removed and ambiguous flags (--cuda-graph-max-bs is now --cuda-graph-max-bs-decode "
+        "or --cuda-graph-max-bs-prefill); flags the operator derives from this spec, under any "
+        "spelling (--tp-size or --tp, --ep-size or --ep, --attn-dp-size, --nnodes, --node-rank, "
         "--dist-init-addr, --moe-a2a-backend, --deepep-mode, --disaggregation-*, --enable-eplb, "
-        "--ep-num-redundant-experts, --init-expert-location, --model-path, --host, --port, "
-        "--kv-cache-dtype, ...) are refused: set the spec field instead. --mem-fraction-static and "
-        "--context-length are honoured by the admission capacity check.",
+        "--ep-num-redundant-experts, --init-expert-location, --model-path or --model, --host, --port, "
+        "--kv-cache-dtype, ...): set the spec field instead; an --eplb-algorithm SGLang does not know; "
+        "and flags that bypass the operator's expert placement (--eplb-min-rebalancing-utilization-"
+        "threshold below 1.0, elastic EP, --config). --mem-fraction-static and --context-length are "
+        "honoured by the admission capacity check.",
     )
     env: list[EmbeddedObject] = Field(
         default_factory=list,
@@ -426,8 +431,8 @@ class PoolSpec(APIObject):
         default_factory=list,
         max_length=64,
         description="Extra SGLang arguments for this pool only, after spec.engine.extraArgs (for example "
-        "--cuda-graph-max-bs for decode, --chunked-prefill-size for prefill). The same operator-owned "
-        "flags are refused.",
+        "--cuda-graph-max-bs-decode for decode, --chunked-prefill-size for prefill), checked the same "
+        "way as spec.engine.extraArgs.",
     )
 
 
@@ -472,9 +477,11 @@ class RouterSpec(APIObject):
     extra_args: list[Arg] = Field(
         default_factory=list,
         max_length=32,
-        description="Extra sglang_router arguments. Flags the operator owns (--pd-disaggregation, "
-        "--prefill, --decode, --worker-urls, --host, --port, --policy, --service-discovery*, "
-        "--prometheus-port) are refused.",
+        description="Extra sglang-router 0.3.2 arguments, read as its parser does (unknown and ambiguous "
+        "flags, value types and choices are refused). Flags the operator owns, under any spelling "
+        "(--pd-disaggregation, --prefill, --decode, --worker-urls, --host, --port, --policy, "
+        "--worker-startup-timeout-secs, --service-discovery*, --*selector, --prometheus-port, "
+        "--prometheus-host), are refused.",
     )
     resources: EmbeddedObject | None = Field(
         default=None, description="CPU and memory of the router container (Kubernetes ResourceRequirements)."

@@ -1,79 +1,118 @@
-"""Command-line flags the operator derives from the spec, and the field that sets each."""
+"""Which engine and router flags the operator owns, which ones SGLang retired, which ones bypass
+the operator's expert placement, and a flag's value as SGLang would read it.
+
+Ownership is by argparse dest, not by spelling: every option string of a dest in the catalog
+(``--tp-size``, ``--tensor-parallel-size``) and every unambiguous prefix of one (``--tp``) is
+covered, because SGLang's parser accepts all of them (moe_contract.flags.resolve).
+"""
 
 from __future__ import annotations
 
+from moe_contract.flags import engine_catalog, resolve
+
 _POOL_WORLD = "spec.{pool}.nodesPerReplica x spec.topology.gpusPerNode"
 
-ENGINE_FLAGS: dict[str, str] = {
-    "--model-path": "spec.model.path (or spec.model.name)",
-    "--model": "spec.model.path (or spec.model.name)",
-    "--host": "the operator (engines listen on the pod IP)",
-    "--port": "spec.engine.port",
-    "--nnodes": "spec.{pool}.nodesPerReplica",
-    "--node-rank": "the pod's index in its group",
-    "--dist-init-addr": "the group's leader address and spec.engine.distInitPort",
-    "--tp-size": _POOL_WORLD,
-    "--tp": _POOL_WORLD,
-    "--tensor-parallel-size": _POOL_WORLD,
-    "--ep-size": _POOL_WORLD + " (with spec.{pool}.allToAllBackend)",
-    "--ep": _POOL_WORLD + " (with spec.{pool}.allToAllBackend)",
-    "--expert-parallel-size": _POOL_WORLD + " (with spec.{pool}.allToAllBackend)",
-    "--dp-size": "spec.{pool}.attentionDataParallel",
-    "--dp": "spec.{pool}.attentionDataParallel",
-    "--data-parallel-size": "spec.{pool}.attentionDataParallel",
-    "--attn-dp-size": "spec.{pool}.attentionDataParallel",
-    "--enable-dp-attention": "spec.{pool}.attentionDataParallel",
-    "--moe-a2a-backend": "spec.{pool}.allToAllBackend",
-    "--deepep-mode": "spec.{pool}.deepepMode",
-    "--disaggregation-mode": "spec.prefill (set for P/D, omitted for a decode pool serving alone)",
-    "--disaggregation-transfer-backend": "spec.kvTransfer.backend",
-    "--disaggregation-ib-device": "spec.kvTransfer.ibDevices",
-    "--disaggregation-bootstrap-port": "spec.kvTransfer.bootstrapPort",
-    "--enable-eplb": "spec.eplb.mode",
-    "--ep-num-redundant-experts": "spec.eplb.redundantExperts",
-    "--init-expert-location": "spec.eplb (the operator boots groups from its persisted placement)",
-    "--expert-distribution-recorder-mode": "spec.eplb.mode (the runtime records expert load)",
-    "--kv-cache-dtype": "spec.model.kvCacheDtype",
+# dest -> what the operator sets it from. Sources starting with "spec." are fields users set.
+ENGINE_OWNED: dict[str, str] = {
+    "model_path": "spec.model.path (or spec.model.name)",
+    "served_model_name": "spec.model.name",
+    "host": "the pod (engines listen on the pod IP)",
+    "port": "spec.engine.port",
+    "nnodes": "spec.{pool}.nodesPerReplica",
+    "node_rank": "the pod's index in its group",
+    "dist_init_addr": "the group's leader address and spec.engine.distInitPort",
+    "tp_size": _POOL_WORLD,
+    "ep_size": _POOL_WORLD + " (with spec.{pool}.allToAllBackend)",
+    "dp_size": "spec.{pool}.attentionDataParallel",
+    "attn_dp_size": "spec.{pool}.attentionDataParallel",
+    "enable_dp_attention": "spec.{pool}.attentionDataParallel",
+    "moe_a2a_backend": "spec.{pool}.allToAllBackend",
+    "deepep_mode": "spec.{pool}.deepepMode",
+    "deepep_config": "its engine config (the runtime's launcher owns --deepep-config)",
+    "disaggregation_mode": "spec.prefill (set for P/D, omitted for a decode pool serving alone)",
+    "disaggregation_transfer_backend": "spec.kvTransfer.backend",
+    "disaggregation_ib_device": "spec.kvTransfer.ibDevices",
+    "disaggregation_bootstrap_port": "spec.kvTransfer.bootstrapPort",
+    "enable_eplb": "spec.eplb.mode",
+    "ep_num_redundant_experts": "spec.eplb.redundantExperts",
+    "eplb_rebalance_num_iterations": "spec.eplb.mode (the runtime's rebalance interval)",
+    "eplb_rebalance_layers_per_chunk": "spec.eplb.mode (the runtime's rebalance settings)",
+    "ep_dispatch_algorithm": "spec.eplb.mode (the runtime's EPLB plugin must know how tokens pick a replica)",
+    "init_expert_location": "spec.eplb (the operator boots groups from its persisted placement)",
+    "expert_distribution_recorder_mode": "spec.eplb.mode (the runtime records expert load)",
+    "expert_balancedness_report_mode": "spec.monitoring (balancedness is exported to Prometheus)",
+    "enable_metrics": "the runtime (metrics are always on)",
+    "kv_cache_dtype": "spec.model.kvCacheDtype",
 }
 
-ROUTER_FLAGS: dict[str, str] = {
-    "--pd-disaggregation": "spec.prefill",
-    "--prefill": "the prefill pool's pods (found by the operator)",
-    "--decode": "the decode pool's pods (found by the operator)",
-    "--worker-urls": "the decode pool's pods (found by the operator)",
-    "--host": "the operator",
-    "--port": "spec.router.port",
-    "--policy": "spec.router.policy",
-    "--service-discovery": "the operator",
-    "--service-discovery-namespace": "the operator",
-    "--service-discovery-port": "spec.engine.port",
-    "--selector": "the operator",
-    "--prefill-selector": "the operator",
-    "--decode-selector": "the operator",
-    "--prometheus-port": "the operator (spec.monitoring)",
-    "--prometheus-host": "the operator (spec.monitoring)",
+# Flags users may pass, which the operator moves out of extraArgs into the engine config
+# (render.engine._lift_runtime_flags): only their full spelling is recognised there.
+ENGINE_LIFTED: frozenset[str] = frozenset({"trust_remote_code", "load_format"})
+
+ROUTER_OWNED: dict[str, str] = {
+    "pd_disaggregation": "spec.prefill",
+    "prefill": "the prefill pool's instances (the operator lists them)",
+    "decode": "the decode pool's instances (the operator lists them)",
+    "worker_urls": "the decode pool's instances (the operator lists them)",
+    "host": "the pod (the router listens on every address)",
+    "port": "spec.router.port",
+    "policy": "spec.router.policy",
+    "worker_startup_timeout_secs": "spec.engine.startupTimeout",
+    "service_discovery": "the operator (it lists the instances itself)",
+    "service_discovery_namespace": "the operator (it lists the instances itself)",
+    "service_discovery_port": "spec.engine.port",
+    "selector": "the operator (it lists the instances itself)",
+    "prefill_selector": "the operator (it lists the instances itself)",
+    "decode_selector": "the operator (it lists the instances itself)",
+    "prometheus_port": "the operator (the router's metrics port 29000)",
+    "prometheus_host": "the operator (the router's metrics port 29000)",
 }
+
+# Engine flags that SGLang dropped (not in the catalog any more), with what replaced them.
+REMOVED_ENGINE_FLAGS: dict[str, str] = {
+    "--enable-ep-moe": "expert parallelism follows --ep-size, which the operator sets from " + _POOL_WORLD,
+    "--enable-deepep-moe": "DeepEP is chosen by --moe-a2a-backend deepep, which the operator sets from "
+    "spec.{pool}.allToAllBackend",
+}
+
+# Engine flags (by dest) whose every use switches off or bypasses the operator's expert
+# placement, with the reason read in the sglang 0.5.23 wheel.
+_ELASTIC = (
+    "elastic EP resizes the expert-parallel world at run time (SGLang then forces its own "
+    "elasticity_aware EPLB algorithm, pauses rebalancing while it scales and has rank 0 compute "
+    "every later placement), which the operator's fixed-size pod groups and placements cannot follow"
+)
+PLACEMENT_BYPASS: dict[str, str] = {
+    "elastic_ep_backend": _ELASTIC,
+    "ep_join_mode": _ELASTIC,
+    "ep_join_rank_offset": _ELASTIC,
+    "elastic_ep_initial_size": _ELASTIC,
+    "elastic_ep_scale_timeout": _ELASTIC,
+    "max_ep_size": _ELASTIC,
+    "enable_elastic_expert_backup": _ELASTIC,
+    "expert_distribution_recorder_buffer_size": "the recorder's buffer is the load window the runtime "
+    "reports at every rebalance; SGLang asserts it is no longer than --eplb-rebalance-num-iterations, "
+    "which the operator sets",
+}
+
+# Engine flags whose value decides whether they bypass the placement (checked in arg_rules).
+REBALANCE_THRESHOLD = "eplb_min_rebalancing_utilization_threshold"
+DWDP_SIZE = "dwdp_size"
+
+# Flags that stop the engine from serving or read more flags from elsewhere.
+NOT_SERVING_ACTIONS: frozenset[str] = frozenset({"help", "version"})
+CONFIG_FILE_DEST = "config"
 
 # Flags whose value the capacity check reads when the user sets them.
 MEM_FRACTION_FLAG = "--mem-fraction-static"
 CONTEXT_LENGTH_FLAG = "--context-length"
 
 
-def flag_name(arg: str) -> str | None:
-    """The flag an argument names (``--tp-size=8`` -> ``--tp-size``), or None for a value."""
-    if not arg.startswith("--"):
-        return None
-    return arg.split("=", 1)[0].replace("_", "-")
-
-
 def flag_value(args: list[str], flag: str) -> str | None:
-    """The last value given to ``flag`` in ``args`` (``--flag v`` or ``--flag=v``), or None."""
-    value: str | None = None
-    for i, arg in enumerate(args):
-        if flag_name(arg) != flag:
-            continue
-        if "=" in arg:
-            value = arg.split("=", 1)[1]
-        elif i + 1 < len(args):
-            value = args[i + 1]
-    return value
+    """The value SGLang takes for ``flag`` (any alias or unambiguous prefix; the last one wins),
+    converted by the flag's type (``--context-length 32k`` is 32000) and given back as text."""
+    catalog = engine_catalog()
+    found = resolve(catalog, args).last(catalog.flag(flag).dest)
+    if found is None or not isinstance(found.value, int | float | str) or isinstance(found.value, bool):
+        return None
+    return str(found.value)
