@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from moe_operator.api import MoEDeploymentSpec
-from moe_operator.topology.planner import Placement, TopologyPlan
+from moe_operator.topology.planner import InstanceSite, TopologyPlan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,8 +23,8 @@ def gb200_decode_spec(mode: str = "operator") -> MoEDeploymentSpec:
 
 
 TWO_CLIQUE_PLAN = TopologyPlan(
-    placements=tuple(
-        Placement(
+    sites=tuple(
+        InstanceSite(
             "decode",
             i,
             "nvlink",

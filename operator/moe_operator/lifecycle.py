@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from moe_operator.api.conditions import Reason
+
 BACKOFF_BASE_S = 10.0
 BACKOFF_MAX_S = 300.0
 STABLE_RESET_S = 600.0
@@ -101,14 +103,14 @@ def decide(group: GroupState, now: datetime, may_roll: bool) -> GroupDecision:
             at = (group.epoch + timedelta(seconds=backoff_seconds(group.restarts))).strftime("%H:%M:%SZ")
             return GroupDecision(
                 "wait",
-                "RestartBackoff",
+                Reason.RESTART_BACKOFF,
                 f"{group.pool} instance {group.index}: {reason}; restarting the whole group at {at} "
                 f"(restart {group.restarts + 1}, exponential backoff)",
                 retry_in=wait,
             )
         return GroupDecision(
             "restart",
-            "GroupRestarting",
+            Reason.GROUP_RESTARTING,
             f"{group.pool} instance {group.index}: {reason}; restarting all {group.nnodes} ranks together",
         )
     if not is_updated(group) and group.pods:
@@ -116,7 +118,7 @@ def decide(group: GroupState, now: datetime, may_roll: bool) -> GroupDecision:
             return GroupDecision("none")
         return GroupDecision(
             "restart",
-            "RollingOut",
+            Reason.ROLLING_OUT,
             f"{group.pool} instance {group.index}: rolling to the new spec (one instance at a time)",
         )
     return GroupDecision("none")

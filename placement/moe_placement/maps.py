@@ -72,6 +72,28 @@ def validate_map(
     return arr
 
 
+def map_problems(
+    phy2log: npt.ArrayLike,
+    *,
+    num_layers: int,
+    num_logical: int,
+    num_physical: int,
+    num_gpus: int | None = None,
+) -> list[str]:
+    """``validate_map``'s verdict for callers that report instead of raising: empty means safe."""
+    try:
+        validate_map(
+            phy2log,
+            num_layers=num_layers,
+            num_logical=num_logical,
+            num_physical=num_physical,
+            num_gpus=num_gpus,
+        )
+    except PlacementError as exc:
+        return [str(exc)]
+    return []
+
+
 def expert_count(phy2log: IntArray, num_logical: int) -> IntArray:
     """Copies of each logical expert per layer, int64 [L, E]."""
     layers = phy2log.shape[0]

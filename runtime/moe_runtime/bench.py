@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from moe_placement.document import PlacementDoc
 from moe_placement.maps import IntArray, rebalance_outputs, trivial_map
 from moe_runtime import eplb_hook, exchange
 from moe_runtime.replay.baseline import deepseek_global
@@ -203,7 +204,7 @@ def bench_hook(args: argparse.Namespace) -> dict[str, Any]:
     buffer = rng.integers(0, 64, size=(args.buffer, layers, experts), dtype=np.int32)
     work = Path(tempfile.mkdtemp(prefix="moe-bench-hook-"))
     op_map = deepseek_global(buffer[:10].sum(axis=0), gpus, redundant)
-    exchange.write_placement(exchange.placement_path(work), exchange.PlacementDoc(7, op_map, time.time()))
+    exchange.write_placement(exchange.placement_path(work), PlacementDoc(7, op_map, time.time()))
     shape = eplb_hook.EngineShape(layers, experts, physical, gpus, max(1, gpus // 8), 8)
     settings = eplb_hook.HookSettings(mode="operator", state_dir=work, use_planner=False)
 
@@ -232,9 +233,7 @@ def bench_hook(args: argparse.Namespace) -> dict[str, Any]:
     # a new version every rebalance: parse + validate each time
     fresh = []
     for i in range(args.reps):
-        exchange.write_placement(
-            exchange.placement_path(work), exchange.PlacementDoc(8 + i, op_map, time.time())
-        )
+        exchange.write_placement(exchange.placement_path(work), PlacementDoc(8 + i, op_map, time.time()))
         fresh.append(timed(state))
     out: dict[str, Any] = {
         "window_reduce_cpu_s": reduce_s,
@@ -306,7 +305,7 @@ def _bench_torch_hook(args: argparse.Namespace, buffer: Any, op_map: IntArray, w
         )
         times = []
         for i in range(args.reps):
-            doc = exchange.PlacementDoc(1000 + i, op_map, time.time())
+            doc = PlacementDoc(1000 + i, op_map, time.time())
             exchange.write_placement(exchange.placement_path(work), doc)
             start = time.perf_counter()
             out = sglang_plugin.around_rebalance_experts(

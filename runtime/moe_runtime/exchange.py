@@ -23,12 +23,13 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from moe_placement import document
+from moe_placement.document import PlacementDoc
 from moe_placement.maps import IntArray
 
 STATE_DIR_ENV = "MOE_RUNTIME_STATE_DIR"
@@ -88,82 +89,7 @@ def _npz_bytes(arrays: dict[str, Any], meta: dict[str, Any]) -> bytes:
 
 
 # ---------------------------------------------------------------- placement documents
-
-
-@dataclass(frozen=True)
-class PlacementDoc:
-    """A versioned map; ``generated_at`` (unix s) says when its author last vouched for it."""
-
-    version: int
-    physical_to_logical_map: IntArray
-    generated_at: float
-    source: str = "operator"
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **self.extra,
-            "version": self.version,
-            "generated_at": self.generated_at,
-            "source": self.source,
-            "physical_to_logical_map": self.physical_to_logical_map.tolist(),
-        }
-
-    def age(self, now: float | None = None) -> float:
-        return (time.time() if now is None else now) - self.generated_at
-
-
-def parse_placement(doc: Any, *, default_generated_at: float | None = None) -> PlacementDoc:
-    """Parse a placement document's envelope (not its fit to an engine: see placement.validate_map).
-
-    Accepts ``generated_at`` (unix seconds) or ``generatedAt`` (RFC 3339 or seconds), as
-    the operator renders ConfigMaps in camelCase.
-    """
-    if not isinstance(doc, dict):
-        raise ValueError("placement must be a JSON object")
-    version = doc.get("version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-        raise ValueError("placement needs an integer version >= 0")
-    raw_map = doc.get("physical_to_logical_map", doc.get("physicalToLogicalMap"))
-    if raw_map is None:
-        raise ValueError("placement needs physical_to_logical_map")
-    try:
-        arr = np.asarray(raw_map)
-    except ValueError as exc:
-        raise ValueError(f"physical_to_logical_map is not rectangular: {exc}") from exc
-    generated = _parse_time(doc.get("generated_at", doc.get("generatedAt")))
-    if generated is None:
-        if default_generated_at is None:
-            raise ValueError("placement needs generated_at")
-        generated = default_generated_at
-    source = doc.get("source", "operator")
-    known = {
-        "version",
-        "physical_to_logical_map",
-        "physicalToLogicalMap",
-        "generated_at",
-        "generatedAt",
-        "source",
-    }
-    extra = {k: v for k, v in doc.items() if k not in known}
-    return PlacementDoc(version, arr, generated, str(source), extra)
-
-
-def _parse_time(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            pass
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError as exc:
-            raise ValueError(f"bad timestamp {value!r}") from exc
-    raise ValueError(f"bad timestamp {value!r}")
+# (the document format itself is moe_placement.document, shared with the operator)
 
 
 def write_placement(path: Path, doc: PlacementDoc, extra: dict[str, Any] | None = None) -> None:
@@ -188,8 +114,8 @@ def load_placement(path: Path) -> PlacementDoc:
                 meta = json.loads(bytes(data["meta"]).decode())
         except KeyError as exc:
             raise ValueError(f"missing {exc}") from exc
-        return parse_placement({**meta, "physical_to_logical_map": arr})
-    return parse_placement(json.loads(path.read_bytes()))
+        return document.parse({**meta, "physical_to_logical_map": arr})
+    return document.parse(json.loads(path.read_bytes()))
 
 
 class CachedPlacementFile:

@@ -298,25 +298,33 @@ def test_monitors_select_the_right_pods() -> None:
     sm = one(docs, "ServiceMonitor")
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     engines = one(docs, "PodMonitor", f"{dep['metadata']['name']}-engines")
-    assert engines["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "moe-operator"}
-    (endpoint,) = engines["spec"]["podMetricsEndpoints"]
-    assert endpoint["port"] == "runtime"
-    relabel = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
-    assert relabel["deployment"] == ["__meta_kubernetes_pod_label_moe_inference_dev_deployment"]
-    assert relabel["pool"] == ["__meta_kubernetes_pod_label_moe_inference_dev_pool"]
+    assert engines["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/managed-by": "moe-operator",
+        "app.kubernetes.io/name": "moe-engine",
+    }
+    endpoints = engines["spec"]["podMetricsEndpoints"]
+    assert [e["port"] for e in endpoints] == ["http", "runtime"]  # SGLang's /metrics and the sidecar's
+    for endpoint in endpoints:
+        relabel = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+        assert relabel["deployment"] == ["__meta_kubernetes_pod_label_moe_inference_dev_deployment"]
+        assert relabel["pool"] == ["__meta_kubernetes_pod_label_moe_inference_dev_pool"]
 
 
 def test_engine_pod_monitor_matches_rendered_engine_pods() -> None:
     """The example PodMonitor's selector, port and relabeling match what the operator renders."""
+    from moe_contract.pod import SIDECAR_PORT
+    from moe_operator.api import keys
     from moe_operator.render import labels
-    from moe_operator.render.group import SIDECAR_PORT
 
     assert SIDECAR_PORT == 9400
     source = (ROOT / "operator" / "moe_operator" / "render" / "group.py").read_text()
     assert '{"name": "runtime", "containerPort": SIDECAR_PORT}' in source
-    assert labels.base_labels("x", "decode")["app.kubernetes.io/managed-by"] == labels.MANAGED_BY
+    assert labels.base_labels("x", "decode")["app.kubernetes.io/managed-by"] == keys.MANAGED_BY
     engines = one(objects(template("monitoring.enginePodMonitor.enabled=true")), "PodMonitor")
-    assert engines["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/managed-by": labels.MANAGED_BY}
+    assert engines["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/managed-by": keys.MANAGED_BY,
+        "app.kubernetes.io/name": labels.base_labels("x", "decode")["app.kubernetes.io/name"],
+    }
 
     def meta(label: str) -> str:
         return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
@@ -324,8 +332,8 @@ def test_engine_pod_monitor_matches_rendered_engine_pods() -> None:
     relabel = {
         r["targetLabel"]: r["sourceLabels"] for r in engines["spec"]["podMetricsEndpoints"][0]["relabelings"]
     }
-    assert relabel["deployment"] == [meta(labels.DEPLOYMENT)]
-    assert relabel["pool"] == [meta(labels.POOL)]
+    assert relabel["deployment"] == [meta(keys.DEPLOYMENT)]
+    assert relabel["pool"] == [meta(keys.POOL)]
 
 
 def test_grafana_dashboard() -> None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from moe_operator.api import keys as K
 from moe_operator.control.aggregate import latest, time_buckets
 from moe_operator.control.decide import Inputs, decide
 from moe_operator.control.evaluate import Policy, PoolShape, evaluate
-from moe_operator.control.placement import document, problems, trivial_map
 from moe_operator.control.publish import configmaps, expired_versions
 from moe_operator.control.windows import History, Window, parse_windows
 from moe_operator.render.group import Owner
+from moe_placement.document import render as document
+from moe_placement.maps import map_problems, trivial_map
 
 L, E, R, G = 4, 16, 4, 4  # one dense layer (row 0 has no traffic)
 
@@ -54,11 +56,14 @@ def test_buckets_sum_instances_and_latest_takes_newest_per_instance() -> None:
 
 def test_problems_catch_a_dropped_expert_and_bad_shape() -> None:
     m = trivial_map(L, E, E + R)
-    assert problems(m, L, E, E + R, G) == []
+    assert map_problems(m, num_layers=L, num_logical=E, num_physical=E + R, num_gpus=G) == []
     bad = m.copy()
     bad[2, :] = 0
-    assert "layer 2 drops" in problems(bad, L, E, E + R, G)[0]
-    assert "shape" in problems(m[:, :-1], L, E, E + R, G)[0]
+    assert (
+        "of layer 2 has no slot"
+        in map_problems(bad, num_layers=L, num_logical=E, num_physical=E + R, num_gpus=G)[0]
+    )
+    assert "slots per layer" in map_problems(m[:, :-1], num_layers=L, num_logical=E, num_physical=E + R)[0]
 
 
 @pytest.mark.parametrize(
@@ -87,7 +92,7 @@ def test_evaluate_beats_trivial_and_is_safe() -> None:
     shape = PoolShape(L, E, R, G, 1, 1, "static")
     policy = Policy("operator", 0.03, 0, 0.0, 10.0)
     ev = evaluate(ws, trivial_map(L, E, E + R), shape, policy, None, fresh_after=40.0)
-    assert ev.candidate is not None and problems(ev.candidate, L, E, E + R, G) == []
+    assert ev.candidate is not None and shape.problems(ev.candidate) == []
     assert ev.predicted > ev.measured
     assert ev.decision.publish and ev.instances == ["a", "b"]
     with pytest.raises(ValueError, match="no fresh"):
@@ -204,14 +209,14 @@ def test_rollback_publishes_an_old_map_as_a_new_paused_version() -> None:
     assert doc["version"] == 6 and doc["physicalToLogicalMap"] == entries[0].phy2log.tolist()
     provenance = json.loads(live["metadata"]["annotations"]["moe.inference.dev/placement-provenance"])
     assert provenance["reason"] == "rollback of v3" and provenance["movedExperts"] > 0
-    assert live["metadata"]["annotations"][rb.PAUSED] == "rollback of v3 to v6"
-    assert rb.PAUSED not in copy["metadata"]["annotations"]  # the kept copy is history, not a switch
+    assert live["metadata"]["annotations"][K.PLACEMENT_PAUSED] == "rollback of v3 to v6"
+    assert K.PLACEMENT_PAUSED not in copy["metadata"]["annotations"]  # the kept copy is history, not a switch
     assert expired == [3]  # the window of kept versions slides: v4, v5, v6
     assert "rollback of v3" in rb.describe(rb.history([copy, live], "m", "decode")[0])
     unpaused, _ = rb.rollback(
         Owner("m", "ns", "u"), "decode", entries, entries[1], datetime.now(UTC), pause=False
     )
-    assert rb.PAUSED not in unpaused[1]["metadata"]["annotations"]
+    assert K.PLACEMENT_PAUSED not in unpaused[1]["metadata"]["annotations"]
 
 
 def test_paused_placement_is_measured_but_not_replaced() -> None:

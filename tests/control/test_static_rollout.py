@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from moe_operator.api.keys import BOOT_PLACEMENT
 from moe_operator.lifecycle import GroupState, PodState, decide, pool_may_roll
 from moe_operator.render.children import placement_versions, render_children
-from moe_operator.render.group import BOOT_PLACEMENT, Owner, RuntimeSettings
+from moe_operator.render.group import Owner, RuntimeSettings
 from render_cases import TWO_CLIQUE_PLAN, gb200_decode_spec
 
 OWNER = Owner("m", "ns", "uid-1")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from moe_operator.render.group import BOOT_PLACEMENT
+from moe_operator.api.keys import BOOT_PLACEMENT
 from moe_sandbox.testing import wait_for
 from operator_harness import moed_path
 

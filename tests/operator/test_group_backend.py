@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from moe_operator.api import keys as K
 from moe_operator.lifecycle import GroupState, PodState, formed
-from moe_operator.render.children import recorded_group_backend, render_children, resolve_group_backend
+from moe_operator.reconcile.backend import recorded_group_backend, resolve_group_backend
+from moe_operator.render.children import render_children
 from moe_operator.render.group import Owner, RuntimeSettings, leader_address
 from render_cases import TWO_CLIQUE_PLAN, gb200_decode_spec
 
@@ -58,7 +60,7 @@ def test_leaderworkerset_backend_renders_one_single_group_set_per_instance() -> 
     sts = next(o for o in sts_objs if o["kind"] == "StatefulSet")
     lws = next(o for o in lws_objs if o["kind"] == "LeaderWorkerSet")
     assert lws["metadata"]["name"] == sts["metadata"]["name"] == "m-decode-0"
-    for key in ("moe.inference.dev/placement", "moe.inference.dev/template-hash"):
+    for key in (K.INSTANCE_NODES, K.TEMPLATE_HASH):
         assert lws["metadata"]["annotations"][key] == sts["metadata"]["annotations"][key]
     group = lws["spec"]["leaderWorkerTemplate"]
     assert lws["spec"]["replicas"] == 1 and group["size"] == 4

@@ -29,16 +29,16 @@ def test_pd_on_h100_racks_whole_groups_spread_and_near() -> None:
     ]
     plan = plan_topology(reqs, h100_only(default_nodes()), POLICY)
     assert not plan.waiting
-    decode = [p for p in plan.placements if p.pool == "decode"]
-    assert {p.kind for p in plan.placements} == {"rack"}
+    decode = [p for p in plan.sites if p.pool == "decode"]
+    assert {p.kind for p in plan.sites} == {"rack"}
     # each instance inside one rack, decode instances on different racks
     assert len({p.domain for p in decode}) == 2
     nodes = default_nodes()
     rack_of = {n.name: n.labels["topology.kubernetes.io/zone"] for n in nodes}
-    for p in plan.placements:
+    for p in plan.sites:
         assert {rack_of[n] for n in p.nodes} == {p.domain}
         assert len(p.nodes) == (4 if p.pool == "prefill" else 8)
-    all_nodes = [n for p in plan.placements for n in p.nodes]
+    all_nodes = [n for p in plan.sites for n in p.nodes]
     assert len(all_nodes) == len(set(all_nodes)), "a node was given to two instances"
 
 
@@ -47,8 +47,8 @@ def test_multi_node_nvlink_prefers_clique_and_tp_never_crosses_it() -> None:
     req = PoolRequest("decode", replicas=2, nodes_per_instance=18, gpus_per_node=4, tp_size=8)
     plan = plan_topology([req], default_nodes(), POLICY)
     assert not plan.waiting
-    assert [p.kind for p in plan.placements] == ["nvlink", "nvlink"]
-    assert len({p.domain for p in plan.placements}) == 2
+    assert [p.kind for p in plan.sites] == ["nvlink", "nvlink"]
+    assert len({p.domain for p in plan.sites}) == 2
 
     third = PoolRequest("decode", replicas=3, nodes_per_instance=18, gpus_per_node=4, tp_size=8)
     plan = plan_topology([third], default_nodes(), POLICY)
@@ -62,41 +62,41 @@ def test_too_big_waits_with_actionable_message_then_fits_after_nodes_added() -> 
     req = PoolRequest("decode", replicas=1, nodes_per_instance=17, gpus_per_node=8)
     nodes = h100_only(default_nodes())
     plan = plan_topology([req], nodes, POLICY)
-    assert not plan.placements
+    assert not plan.sites
     assert plan.waiting[0].message == (
         "decode instance 0 needs 17 nodes with 8 free GPUs in one NVLink domain or rack; "
         "the best rack, h100-rack-0, has 16"
     )
     extra = NodeInfo("h100-extra", {**nodes[0].labels, "kubernetes.io/hostname": "h100-extra"}, gpus=8)
     plan = plan_topology([req], [*nodes, extra], POLICY)
-    assert not plan.waiting and plan.placements[0].domain == "h100-rack-0"
+    assert not plan.waiting and plan.sites[0].domain == "h100-rack-0"
 
 
 def test_stable_across_reconciles_and_moves_only_what_lost_capacity() -> None:
     reqs = [PoolRequest("decode", replicas=3, nodes_per_instance=4, gpus_per_node=8)]
     nodes = h100_only(default_nodes())
     first = plan_topology(reqs, nodes, POLICY)
-    again = plan_topology(reqs, nodes, POLICY, previous=first.placements)
-    assert again.placements == first.placements
+    again = plan_topology(reqs, nodes, POLICY, previous=first.sites)
+    assert again.sites == first.sites
 
     # Another tenant takes GPUs on one node of instance 1: only that node is replaced, same rack.
-    victim = first.placements[1].nodes[0]
+    victim = first.sites[1].nodes[0]
     busy = h100_only(default_nodes({victim: 8}))
-    moved = plan_topology(reqs, busy, POLICY, previous=first.placements)
-    assert moved.placements[0] == first.placements[0]
-    assert moved.placements[2] == first.placements[2]
-    assert moved.placements[1].domain == first.placements[1].domain
-    assert victim not in moved.placements[1].nodes
-    assert len(set(moved.placements[1].nodes) & set(first.placements[1].nodes)) == 3
+    moved = plan_topology(reqs, busy, POLICY, previous=first.sites)
+    assert moved.sites[0] == first.sites[0]
+    assert moved.sites[2] == first.sites[2]
+    assert moved.sites[1].domain == first.sites[1].domain
+    assert victim not in moved.sites[1].nodes
+    assert len(set(moved.sites[1].nodes) & set(first.sites[1].nodes)) == 3
 
 
 def test_whole_rack_lost_moves_instance_to_another_rack() -> None:
     reqs = [PoolRequest("decode", replicas=1, nodes_per_instance=16, gpus_per_node=8)]
     nodes = h100_only(default_nodes())
     first = plan_topology(reqs, nodes, POLICY)
-    gone = set(first.placements[0].nodes[:2])
-    second = plan_topology(reqs, [n for n in nodes if n.name not in gone], POLICY, previous=first.placements)
-    assert second.placements[0].domain != first.placements[0].domain
+    gone = set(first.sites[0].nodes[:2])
+    second = plan_topology(reqs, [n for n in nodes if n.name not in gone], POLICY, previous=first.sites)
+    assert second.sites[0].domain != first.sites[0].domain
 
 
 def test_never_half_a_group_under_fragmentation() -> None:
@@ -115,18 +115,18 @@ def test_never_half_a_group_under_fragmentation() -> None:
     ]
     plan = plan_topology(reqs, h100_only(default_nodes(used)), POLICY)
     assert [w.pool for w in plan.waiting] == ["decode"]
-    assert [p.pool for p in plan.placements] == ["prefill"]
+    assert [p.pool for p in plan.sites] == ["prefill"]
 
 
 def test_single_node_instances_land_anywhere_with_free_gpus() -> None:
     req = PoolRequest("decode", replicas=3, nodes_per_instance=1, gpus_per_node=8)
     plan = plan_topology([req], h100_only(default_nodes()), POLICY)
-    assert [p.kind for p in plan.placements] == ["node"] * 3
-    assert len({p.nodes[0] for p in plan.placements}) == 3
+    assert [p.kind for p in plan.sites] == ["node"] * 3
+    assert len({p.nodes[0] for p in plan.sites}) == 3
 
 
 def test_node_selector_is_respected() -> None:
     policy = TopologyPolicy(node_selector={"nvidia.com/gpu.product": "NVIDIA-GB200"})
     req = PoolRequest("decode", replicas=1, nodes_per_instance=2, gpus_per_node=4)
     plan = plan_topology([req], default_nodes(), policy)
-    assert plan.placements[0].kind == "nvlink"
+    assert plan.sites[0].kind == "nvlink"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, Literal
 
 READY = "Ready"
@@ -18,24 +19,30 @@ CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
 Status = Literal["True", "False", "Unknown"]
 
 
-class Reason:
-    """CamelCase reasons the operator writes; one vocabulary for events, conditions and alerts."""
+class Reason(StrEnum):
+    """CamelCase reasons the operator writes: one vocabulary for conditions, events and alerts.
 
+    Every reason the operator sets is here and nowhere else (code uses the members, never the
+    strings); docs/api.md and the Argo CD health check list the same values.
+    """
+
+    # Ready / Progressing / Degraded
     ALL_POOLS_READY = "AllPoolsReady"
     POOLS_NOT_READY = "PoolsNotReady"
+    SCALED_TO_ZERO = "ScaledToZero"
     WAITING_FOR_CAPACITY = "WaitingForCapacity"
     ROLLING_OUT = "RollingOut"
-    RECONCILING = "Reconciling"
     RECONCILED = "Reconciled"
-    SCALED_TO_ZERO = "ScaledToZero"
     GROUP_RESTARTING = "GroupRestarting"
     RESTART_BACKOFF = "RestartBackoff"
-    PLACEMENT_STALE = "PlacementStale"
-    IMBALANCE_HIGH = "ImbalanceHigh"
     INVALID_SPEC = "InvalidSpec"
     LEADERWORKERSET_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
     LEADERWORKERSET_NOT_WATCHED = "LeaderWorkerSetNotWatched"
     AS_EXPECTED = "AsExpected"
+    # events of the expert-placement control loop
+    PLACEMENT_PUBLISHED = "PlacementPublished"
+    PLACEMENT_ADOPTED = "PlacementAdopted"
+    PLACEMENT_REFUSED = "PlacementRefused"
 
 
 def _rfc3339(now: datetime) -> str:

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
+from moe_contract.engine import EplbMode
+
 from .base import APIObject, cel, rules, section
 from .types import Duration, EmbeddedObject, LabelKey, ParamCount, Quantity
 
@@ -526,7 +528,7 @@ class EPLBSpec(APIObject):
         )
     )
 
-    mode: Literal["operator", "engine", "static", "off"] = Field(
+    mode: EplbMode = Field(
         default="operator",
         description="Who decides expert placement. operator: the operator plans from every instance's "
         "load history and the engine applies it online at its next rebalance (no restart). engine: "

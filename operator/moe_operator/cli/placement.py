@@ -12,9 +12,10 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from moe_operator.render import labels as L
+from moe_operator.api import keys as K
+from moe_operator.api.names import API_VERSION
 
-MOED = "/apis/moe.inference.dev/v1alpha1"
+MOED = f"/apis/{API_VERSION}"
 
 
 def register(subparsers: Any) -> None:
@@ -72,7 +73,7 @@ def _kube(args: argparse.Namespace) -> Any:
 def _entries(kube: Any, args: argparse.Namespace) -> list[Any]:
     from moe_operator.control import rollback as rb
 
-    selector = f"{L.DEPLOYMENT}={args.name},{L.POOL}={args.pool}"
+    selector = f"{K.DEPLOYMENT}={args.name},{K.POOL}={args.pool}"
     listing = kube.get(f"/api/v1/namespaces/{args.namespace}/configmaps", params={"labelSelector": selector})
     return rb.history(list((listing or {}).get("items") or []), args.name, args.pool)
 
@@ -124,7 +125,6 @@ def _rollback(args: argparse.Namespace) -> int:
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from moe_operator.control import rollback as rb
     from moe_operator.render.group import placement_config_name
 
     kube = _kube(args)
@@ -135,6 +135,6 @@ def _resume(args: argparse.Namespace) -> int:
         )
         return 1
     # The pause may be owned by the operator's apply; a merge patch removes it whoever owns it.
-    kube.merge_patch(path, {"metadata": {"annotations": {rb.PAUSED: None}}}, "moe-operator-cli")
+    kube.merge_patch(path, {"metadata": {"annotations": {K.PLACEMENT_PAUSED: None}}}, K.CLI_MANAGER)
     print(f"{args.pool}: automatic placement resumed")
     return 0

@@ -76,7 +76,7 @@ def _plan(args: argparse.Namespace) -> int:
                             "domain": p.domain,
                             "nodes": list(p.nodes),
                         }
-                        for p in plan.placements
+                        for p in plan.sites
                     ],
                     "waiting": [
                         {"pool": w.pool, "instance": w.index, "message": w.message} for w in plan.waiting
@@ -86,7 +86,7 @@ def _plan(args: argparse.Namespace) -> int:
             )
         )
     else:
-        for p in plan.placements:
+        for p in plan.sites:
             print(
                 f"{p.pool:8} {p.index:3}  {p.kind:6} {p.domain:20} {len(p.nodes):3} nodes: {', '.join(p.nodes)}"
             )

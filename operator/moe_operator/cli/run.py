@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from moe_operator.api import keys as K
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -82,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from moe_operator.handlers import admission, control_loop, indexes, reconcile  # noqa: F401  (registers handlers)
-    from moe_operator.handlers import runtime as rt
     from moe_operator.handlers.kube import Kube, KubeError
+    from moe_operator.handlers.metrics import OperatorMetrics
+    from moe_operator.handlers.state import OperatorState
+    from moe_operator.handlers.wakeups import Wakeups
     from moe_operator.render.group import LWS_API_VERSION, RuntimeSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -92,35 +96,42 @@ def run(args: argparse.Namespace) -> int:
         reconcile.on_child_event,
         reconcile.on_event,
         control_loop.control_timer,
-        control_loop.forget_deleted,
     )
     logging.getLogger("kopf.objects").addFilter(RoutineSuccessFilter(f.__name__ for f in routine))
-    rt.configure(
-        Kube(apply_concurrency=args.apply_concurrency), RuntimeSettings(runtime_image=args.runtime_image)
+    metrics = OperatorMetrics()
+    state = OperatorState(
+        kube=Kube(
+            apply_concurrency=args.apply_concurrency,
+            on_request=lambda verb: metrics.counter("moe_operator_api_requests_total", verb).inc(),
+        ),
+        settings=RuntimeSettings(runtime_image=args.runtime_image),
+        metrics=metrics,
+        wakeups=Wakeups(reconcile.RECONCILE_INTERVAL_S),
     )
     if args.metrics_port:
-        start_http_server(args.metrics_port, addr="0.0.0.0")
+        start_http_server(args.metrics_port, addr="0.0.0.0", registry=metrics.registry)
     webhook = None if args.no_webhook else _webhook_files(args)
 
     @kopf.on.startup()
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="moe.inference.dev")
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=K.DOMAIN)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix="moe.inference.dev", key="last-handled-configuration"
+            prefix=K.DOMAIN, key="last-handled-configuration"
         )
-        settings.persistence.finalizer = "moe.inference.dev/finalizer"
+        settings.persistence.finalizer = K.FINALIZER
         settings.posting.level = logging.WARNING  # decisions are posted explicitly as events
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
         settings.watching.inactivity_timeout = 600
         settings.execution.max_workers = 16
-        rt.use_executor(settings.execution.executor)
+        state.executor = settings.execution.executor
         try:
-            lws = rt.kube().get(f"/apis/{LWS_API_VERSION}") is not None
+            lws = state.kube.get(f"/apis/{LWS_API_VERSION}") is not None
         except KubeError as exc:
             logging.getLogger(__name__).warning(f"cannot tell whether LeaderWorkerSet is served: {exc}")
             lws = False
-        rt.note_leaderworkerset_watched(lws)
+        # kopf only watches what discovery listed at start: LeaderWorkerSets are used only when watched.
+        state.leaderworkerset_watched = lws
         logging.getLogger(__name__).info(f"LeaderWorkerSet ({LWS_API_VERSION}) served at start: {lws}")
         if webhook is not None:
             cert, key, ca = webhook
@@ -132,9 +143,10 @@ def run(args: argparse.Namespace) -> int:
                 pkeyfile=str(key),
                 cafile=str(ca),
             )
-            settings.admission.managed = "moe.inference.dev"
+            settings.admission.managed = K.DOMAIN
 
     kopf.run(
+        memo=kopf.Memo(operator=state),
         standalone=args.standalone,
         clusterwide=not args.namespace,
         namespaces=args.namespace,

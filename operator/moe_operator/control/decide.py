@@ -7,14 +7,13 @@ placement that did not change always says why.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Mode = Literal["operator", "engine", "static", "off"]
+from moe_contract.engine import EplbMode
 
 
 @dataclass(frozen=True)
 class Inputs:
-    mode: Mode
+    mode: EplbMode
     measured: float  # current placement on the newest windows
     predicted: float  # candidate placement, as the planner predicts it
     moved: int  # slots the candidate changes

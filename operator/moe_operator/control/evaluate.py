@@ -7,11 +7,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe_contract.engine import EplbMode
 from moe_operator.control import aggregate, score
-from moe_operator.control.decide import Decision, Inputs, Mode, decide
-from moe_operator.control.placement import problems
+from moe_operator.control.decide import Decision, Inputs, decide
 from moe_operator.control.windows import Window
 from moe_placement import plan
+from moe_placement.maps import map_problems
+
+
+class NoFreshWindows(ValueError):
+    """No instance reported a load window recently: nothing to score the current placement on."""
+
+
+class UnsafePlan(ValueError):
+    """The planner produced a map the engine must not apply; it is not published."""
 
 
 @dataclass(frozen=True)
@@ -30,10 +39,20 @@ class PoolShape:
     def num_slots(self) -> int:
         return self.num_experts + self.num_redundant
 
+    def problems(self, phy2log: object) -> list[str]:
+        """Why a map must not be published for this pool (empty when it is safe)."""
+        return map_problems(
+            phy2log,  # type: ignore[arg-type]
+            num_layers=self.num_layers,
+            num_logical=self.num_experts,
+            num_physical=self.num_slots,
+            num_gpus=self.num_gpus,
+        )
+
 
 @dataclass(frozen=True)
 class Policy:
-    mode: Mode
+    mode: EplbMode
     min_improvement: float
     max_moves: int
     min_interval_s: float
@@ -62,7 +81,7 @@ def evaluate(
     since_last_publish_s: float | None,
     fresh_after: float,
 ) -> Evaluation:
-    """Plan against ``current`` and decide. Raises ValueError on bad input (the shell reports it).
+    """Plan against ``current`` and decide. Raises NoFreshWindows, UnsafePlan or ValueError (bad input).
 
     The current placement is scored on each instance's newest window ending after
     ``fresh_after`` (a runtime that went quiet does not vote); the plan uses all history,
@@ -70,7 +89,7 @@ def evaluate(
     """
     fresh = [w for w in windows if w.ended_at >= fresh_after and not w.restored]
     if not fresh:
-        raise ValueError("no fresh load windows from any instance")
+        raise NoFreshWindows("no fresh load windows from any instance")
     recent, instances, window_range = aggregate.latest(fresh)
     measured = score.measured(current, recent, shape.num_gpus, shape.num_nodes, shape.dispatch)
     keys, history = aggregate.bucketed(windows, policy.bucket_s)
@@ -86,9 +105,9 @@ def evaluate(
         max_moves=policy.max_moves or None,
     )
     candidate = result.physical_to_logical_map
-    bad = problems(candidate, shape.num_layers, shape.num_experts, shape.num_slots, shape.num_gpus)
+    bad = shape.problems(candidate)
     if bad:
-        raise ValueError("the planner's map is unsafe, not published: " + "; ".join(bad[:3]))
+        raise UnsafePlan("the planner's map is unsafe, not published: " + "; ".join(bad[:3]))
     predicted = score.mean_over_moe(result.predicted_balancedness, recent)
     decision = decide(
         Inputs(

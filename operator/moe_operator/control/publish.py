@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from moe_operator.api import keys as K
 from moe_operator.control.history_store import KEY as HISTORY_KEY
 from moe_operator.render import labels as L
 from moe_operator.render.group import Owner, placement_config_name
 
-VERSION = f"{L.DOMAIN}/placement-version"
-PROVENANCE = f"{L.DOMAIN}/placement-provenance"
 KEEP_VERSIONS = 3
 
 
@@ -22,8 +21,11 @@ def configmaps(
     owner: Owner, pool: str, doc: dict[str, Any], provenance: dict[str, Any]
 ) -> list[dict[str, Any]]:
     """The versioned copy first, then the live ConfigMap (so a crash between them loses nothing)."""
-    labels = {**L.pool_selector(owner.name, pool), "app.kubernetes.io/managed-by": L.MANAGED_BY}
-    annotations = {VERSION: str(doc["version"]), PROVENANCE: json.dumps(provenance, sort_keys=True)}
+    labels = {**L.pool_selector(owner.name, pool), "app.kubernetes.io/managed-by": K.MANAGED_BY}
+    annotations = {
+        K.PLACEMENT_VERSION: str(doc["version"]),
+        K.PLACEMENT_PROVENANCE: json.dumps(provenance, sort_keys=True),
+    }
     data = {"placement.json": json.dumps(doc, separators=(",", ":"))}
 
     def cm(cm_name: str) -> dict[str, Any]:
@@ -49,7 +51,7 @@ def history_name(name: str, pool: str) -> str:
 
 def history_configmap(owner: Owner, pool: str, text: str) -> dict[str, Any]:
     """The pool's stored load history (history_store.encode); no pod mounts it."""
-    labels = {**L.pool_selector(owner.name, pool), "app.kubernetes.io/managed-by": L.MANAGED_BY}
+    labels = {**L.pool_selector(owner.name, pool), "app.kubernetes.io/managed-by": K.MANAGED_BY}
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
-from moe_operator.control.placement import document, moved_slots
-from moe_operator.control.publish import PROVENANCE, configmaps, expired_versions, version_name
-from moe_operator.render import labels as L
+from moe_operator.api import keys as K
+from moe_operator.control.publish import configmaps, expired_versions, version_name
 from moe_operator.render.group import Owner, placement_config_name
+from moe_placement import document
+from moe_placement.metrics import moved_slots
 
-PAUSED = f"{L.DOMAIN}/placement-paused"
 PLACEMENT_KEY = "placement.json"
 
 
@@ -59,7 +59,7 @@ def history(configmaps_: list[dict[str, Any]], name: str, pool: str) -> list[Ent
         if meta.get("name") != version_name(name, pool, version):
             continue  # not ours (or renamed by hand): never roll back to it
         try:
-            provenance = json.loads((meta.get("annotations") or {}).get(PROVENANCE) or "{}")
+            provenance = json.loads((meta.get("annotations") or {}).get(K.PLACEMENT_PROVENANCE) or "{}")
         except ValueError:
             provenance = {}
         arr = np.asarray(doc["physicalToLogicalMap"], dtype=np.int64)
@@ -99,20 +99,20 @@ def rollback(
     newest = max(e.version for e in entries)
     version = newest + 1
     live = next((e for e in entries if e.live), None)
-    doc = document(version, target.phy2log, now)
+    doc = document.render(version, target.phy2log, now)
     provenance: dict[str, Any] = {
         "reason": f"rollback of v{target.version}",
         "rollbackOf": target.version,
         "by": "moe-operator placement rollback",
     }
     if live is not None:
-        provenance["movedExperts"] = moved_slots(target.phy2log, live.phy2log)
+        provenance["movedExperts"] = moved_slots(live.phy2log, target.phy2log)
     objs = configmaps(owner, pool, doc, provenance)
     if pause:
         live_meta = objs[1]["metadata"]
         live_meta["annotations"] = {
             **live_meta["annotations"],
-            PAUSED: f"rollback of v{target.version} to v{version}",
+            K.PLACEMENT_PAUSED: f"rollback of v{target.version} to v{version}",
         }
     return objs, expired_versions(version)
 

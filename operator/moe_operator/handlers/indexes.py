@@ -8,14 +8,15 @@ pool.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import kopf
 
-from moe_operator.render import labels as L
+from moe_operator.api import keys as K
 from moe_operator.topology.snapshot import pod_gpu_request
 
-MANAGED = {"app.kubernetes.io/managed-by": L.MANAGED_BY}
+MANAGED = MappingProxyType({"app.kubernetes.io/managed-by": K.MANAGED_BY})
 
 
 @kopf.index("nodes")
@@ -50,7 +51,7 @@ async def gpu_use_index(
     gpus = pod_gpu_request(body)
     if not gpus:
         return None
-    return {node: ((body.metadata.labels or {}).get(L.DEPLOYMENT_UID, ""), gpus)}
+    return {node: ((body.metadata.labels or {}).get(K.DEPLOYMENT_UID, ""), gpus)}
 
 
 @kopf.index("pods", labels=MANAGED)
@@ -59,16 +60,16 @@ async def engine_pod_index(
 ) -> dict[Any, Any] | None:
     """(namespace, deployment) -> engine pod summaries."""
     labels = body.metadata.labels or {}
-    deployment = labels.get(L.DEPLOYMENT)
-    if not deployment or L.INSTANCE not in labels:
+    deployment = labels.get(K.DEPLOYMENT)
+    if not deployment or K.INSTANCE not in labels:
         return None
     statuses = status.get("containerStatuses") or []
     return {
         (namespace, deployment): {
             "name": name,
             "uid": body.metadata.uid,
-            "pool": labels.get(L.POOL),
-            "instance": int(labels[L.INSTANCE]),
+            "pool": labels.get(K.POOL),
+            "instance": int(labels[K.INSTANCE]),
             "rank": int(labels.get("apps.kubernetes.io/pod-index", "0")),
             "phase": status.get("phase", "Pending"),
             "ready": any(
@@ -77,7 +78,7 @@ async def engine_pod_index(
             "restarts": sum(int(c.get("restartCount", 0)) for c in statuses),
             "created": body.metadata.get("creationTimestamp"),
             "deleting": body.metadata.get("deletionTimestamp") is not None,
-            "templateHash": (body.metadata.annotations or {}).get(L.TEMPLATE_HASH, ""),
+            "templateHash": (body.metadata.annotations or {}).get(K.TEMPLATE_HASH, ""),
             "node": spec.get("nodeName"),
             "ip": status.get("podIP"),
         }
@@ -86,7 +87,7 @@ async def engine_pod_index(
 
 def _child(kind: str, name: str, namespace: str | None, body: kopf.Body) -> dict[Any, Any] | None:
     labels = body.metadata.labels or {}
-    deployment = labels.get(L.DEPLOYMENT)
+    deployment = labels.get(K.DEPLOYMENT)
     if not deployment:
         return None
     annotations = body.metadata.annotations or {}
@@ -94,7 +95,7 @@ def _child(kind: str, name: str, namespace: str | None, body: kopf.Body) -> dict
         (namespace, deployment): {
             "kind": kind,
             "name": name,
-            "specHash": annotations.get(L.SPEC_HASH),
+            "specHash": annotations.get(K.SPEC_HASH),
             "annotations": dict(annotations),
             "created": body.metadata.get("creationTimestamp"),
             "status": dict(body.get("status") or {}),

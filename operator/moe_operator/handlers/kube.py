@@ -9,39 +9,42 @@ from __future__ import annotations
 import ssl
 import threading
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import httpx
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
-from prometheus_client import Counter as PromCounter
 
-from moe_operator.render.labels import FIELD_MANAGER
-
-API_REQUESTS = PromCounter(
-    "moe_operator_api_requests_total", "Requests the operator sent to the Kubernetes API", ["verb"]
-)
+from moe_operator.api import keys as K
+from moe_operator.api.names import API_VERSION, KIND, PLURAL
 
 # (apiVersion, kind) -> (URL prefix, plural)
-_KINDS: dict[tuple[str, str], tuple[str, str]] = {
-    ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
-    ("v1", "Service"): ("/api/v1", "services"),
-    ("v1", "Secret"): ("/api/v1", "secrets"),
-    ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
-    ("v1", "Pod"): ("/api/v1", "pods"),
-    ("apps/v1", "StatefulSet"): ("/apis/apps/v1", "statefulsets"),
-    ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
-    ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
-    ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("/apis/rbac.authorization.k8s.io/v1", "rolebindings"),
-    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): (
-        "/apis/leaderworkerset.x-k8s.io/v1",
-        "leaderworkersets",
-    ),
-    ("moe.inference.dev/v1alpha1", "MoEDeployment"): ("/apis/moe.inference.dev/v1alpha1", "moedeployments"),
-}
+_KINDS = MappingProxyType(
+    {
+        ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
+        ("v1", "Service"): ("/api/v1", "services"),
+        ("v1", "Secret"): ("/api/v1", "secrets"),
+        ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
+        ("v1", "Pod"): ("/api/v1", "pods"),
+        ("apps/v1", "StatefulSet"): ("/apis/apps/v1", "statefulsets"),
+        ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
+        ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
+        ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
+            "/apis/rbac.authorization.k8s.io/v1",
+            "rolebindings",
+        ),
+        ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): (
+            "/apis/leaderworkerset.x-k8s.io/v1",
+            "leaderworkersets",
+        ),
+        (API_VERSION, KIND): (f"/apis/{API_VERSION}", PLURAL),
+    }
+)
 
 
 def collection_path(api_version: str, kind: str, namespace: str) -> str:
@@ -55,9 +58,46 @@ def object_path(obj: dict[str, Any]) -> str:
 
 
 class KubeError(RuntimeError):
-    def __init__(self, status: int, message: str) -> None:
+    """A refused request, with the parts of the apiserver's Status object callers branch on."""
+
+    def __init__(
+        self, status: int, message: str, reason: str = "", kind: str = "", causes: tuple[str, ...] = ()
+    ) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
+        self.reason = reason  # Status.reason, e.g. NotFound, Forbidden, Conflict
+        self.kind = kind  # Status.details.kind: the kind of the object the error is about
+        self.causes = causes  # Status.details.causes[].reason (or .type)
+
+    @property
+    def namespace_gone(self) -> bool:
+        """The namespace is being deleted (creates refused) or is gone."""
+        if self.status == 404 and self.kind == "namespaces":
+            return True
+        return self.status == 403 and "NamespaceTerminating" in self.causes
+
+    @classmethod
+    def from_response(cls, resp: httpx.Response) -> KubeError:
+        try:
+            body = resp.json()
+        except ValueError:
+            return cls(resp.status_code, resp.text[:500])
+        if not isinstance(body, dict):
+            return cls(resp.status_code, resp.text[:500])
+        raw_details = body.get("details")
+        details: dict[str, Any] = raw_details if isinstance(raw_details, dict) else {}
+        causes = tuple(
+            str(c.get("reason") or c.get("type") or "")
+            for c in details.get("causes") or []
+            if isinstance(c, dict)
+        )
+        return cls(
+            resp.status_code,
+            str(body.get("message", resp.text[:500])),
+            str(body.get("reason") or ""),
+            str(details.get("kind") or ""),
+            causes,
+        )
 
 
 # Workloads last: their pods need the ServiceAccount and ConfigMaps to exist, or the
@@ -104,9 +144,16 @@ def connection(kubeconfig: str | None = None, in_cluster: bool = True) -> Connec
 class Kube:
     """Thread-safe; one per operator process."""
 
-    def __init__(self, kubeconfig: str | None = None, apply_concurrency: int = 8) -> None:
+    def __init__(
+        self,
+        kubeconfig: str | None = None,
+        apply_concurrency: int = 8,
+        on_request: Callable[[str], None] | None = None,
+    ) -> None:
+        """``on_request(verb)`` is called for every request sent (the operator counts them in a metric)."""
         conn = connection(kubeconfig)
         self.requests: Counter[str] = Counter()
+        self._on_request = on_request
         self._lock = threading.Lock()
         self._apply_pool = (
             ThreadPoolExecutor(max_workers=apply_concurrency, thread_name_prefix="apply")
@@ -125,7 +172,8 @@ class Kube:
         verb = request.method.lower()
         with self._lock:
             self.requests[verb] += 1
-        API_REQUESTS.labels(verb).inc()
+        if self._on_request is not None:
+            self._on_request(verb)
 
     @property
     def writes(self) -> int:
@@ -134,18 +182,14 @@ class Kube:
 
     def _check(self, resp: httpx.Response) -> dict[str, Any]:
         if resp.status_code >= 400:
-            try:
-                message = resp.json().get("message", resp.text)
-            except ValueError:
-                message = resp.text
-            raise KubeError(resp.status_code, message)
+            raise KubeError.from_response(resp)
         return resp.json() if resp.content else {}
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply as the operator's single field manager (force: the operator owns it)."""
         resp = self._http.patch(
             object_path(obj),
-            params={"fieldManager": FIELD_MANAGER, "force": "true"},
+            params={"fieldManager": K.FIELD_MANAGER, "force": "true"},
             json=obj,
             headers={"Content-Type": "application/apply-patch+yaml"},
         )
@@ -187,7 +231,7 @@ class Kube:
         meta = obj["metadata"]
         resp = self._http.post(
             collection_path(obj["apiVersion"], obj["kind"], meta["namespace"]),
-            params={"fieldManager": FIELD_MANAGER},
+            params={"fieldManager": K.FIELD_MANAGER},
             json=obj,
         )
         if resp.status_code == 409:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api import keys as K
 from moe_operator.api.derived import pools
 from moe_operator.render import labels as L
 from moe_operator.render.engine import eplb_mode
@@ -47,38 +48,11 @@ def render_children(
         objects += [config, pool_service(spec, owner, pool), pool_disruption_budget(owner, pool)]
         config_hash = L.content_hash(config["data"])
         boot = (placement or {}).get(pool, 0) if eplb_mode(spec, pool) == "static" else 0
-        for instance in plan.placements:
+        for instance in plan.sites:
             if instance.pool == pool:
                 objects += instance_objects(spec, owner, pool, instance, settings, config_hash, boot, backend)
     objects += router_objects(spec, owner)
     for obj in objects:
         annotations = obj["metadata"].setdefault("annotations", {})
-        annotations[L.SPEC_HASH] = L.content_hash({k: v for k, v in obj.items() if k != "status"})
+        annotations[K.SPEC_HASH] = L.content_hash({k: v for k, v in obj.items() if k != "status"})
     return objects
-
-
-LeaderWorkerSetState = Literal["absent", "unwatched", "served"]
-
-
-def resolve_group_backend(
-    requested: str, recorded: str | None, leaderworkerset: LeaderWorkerSetState
-) -> GroupBackend | None:
-    """What runs the instances: the spec's choice, or for auto the one recorded in status at the
-    first reconcile (installing LeaderWorkerSet later must not replace running instances), else
-    LeaderWorkerSet when the cluster has it. None: LeaderWorkerSet is wanted (or, for a new auto
-    deployment, installed) but not usable: not served, or installed after the operator started
-    ("unwatched"), so the operator cannot see the sets yet."""
-    if requested == "StatefulSet" or (requested == "auto" and recorded == "StatefulSet"):
-        return "StatefulSet"
-    wanted = requested == "LeaderWorkerSet" or recorded == "LeaderWorkerSet"
-    if wanted or leaderworkerset != "absent":
-        return "LeaderWorkerSet" if leaderworkerset == "served" else None
-    return "StatefulSet"
-
-
-def recorded_group_backend(status: Mapping[str, Any]) -> str | None:
-    """The group backend status reports for the deployment's pools (written by earlier reconciles)."""
-    for pool in (status.get("pools") or {}).values():
-        if isinstance(pool, dict) and pool.get("groupBackend"):
-            return str(pool["groupBackend"])
-    return None

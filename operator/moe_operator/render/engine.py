@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from moe_contract.engine import EngineConfig
+from moe_contract.engine import EngineConfig, EplbMode
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.derived import Pool, pool_layout, pools, resolve_architecture
 from moe_operator.api.types import parse_duration
@@ -20,7 +20,7 @@ def model_path(spec: MoEDeploymentSpec) -> str:
     return spec.model.path or spec.model.name
 
 
-def eplb_mode(spec: MoEDeploymentSpec, pool: Pool) -> Literal["operator", "engine", "static", "off"]:
+def eplb_mode(spec: MoEDeploymentSpec, pool: Pool) -> EplbMode:
     """EPLB needs expert parallelism: a pool with EP size 1 runs with it off, whatever the spec says."""
     layout = pool_layout(pools(spec)[pool], spec.topology)
     return spec.eplb.mode if layout.ep_size > 1 else "off"

@@ -11,12 +11,13 @@ from typing import Any, Literal
 from moe_contract import pod as P
 from moe_contract.pod import ENGINE_CONFIG_DIR, PLACEMENT_DIR, RUNTIME_DIR, SIDECAR_PORT, TOKEN_DIR
 from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api import keys as K
 from moe_operator.api.derived import Pool, pool_layout, pools
+from moe_operator.api.names import API_VERSION, KIND
 from moe_operator.api.types import parse_duration
 from moe_operator.render import labels as L
-from moe_operator.topology.planner import Placement
+from moe_operator.topology.planner import InstanceSite
 
-BOOT_PLACEMENT = f"{L.DOMAIN}/boot-placement-version"
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
 
 GroupBackend = Literal["StatefulSet", "LeaderWorkerSet"]
@@ -32,8 +33,8 @@ class Owner:
 
     def reference(self) -> dict[str, Any]:
         return {
-            "apiVersion": "moe.inference.dev/v1alpha1",
-            "kind": "MoEDeployment",
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "name": self.name,
             "uid": self.uid,
             "controller": True,
@@ -78,7 +79,7 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 
 
 def pod_template(
-    spec: MoEDeploymentSpec, owner: Owner, pool: Pool, placement: Placement, settings: RuntimeSettings
+    spec: MoEDeploymentSpec, owner: Owner, pool: Pool, site: InstanceSite, settings: RuntimeSettings
 ) -> dict[str, Any]:
     """The pod of every rank of one instance: all the node's GPUs, pinned to the planned nodes."""
     p = pools(spec)[pool]
@@ -128,20 +129,20 @@ def pod_template(
     env = [
         _env("PYTHONPATH", RUNTIME_DIR),
         _env(P.ENV_ROLE, pool if spec.prefill else "standalone"),
-        _env(P.ENV_INSTANCE, L.instance_name(owner.name, pool, placement.index)),
+        _env(P.ENV_INSTANCE, L.instance_name(owner.name, pool, site.index)),
         _field_env(P.ENV_RANK, "metadata.labels['apps.kubernetes.io/pod-index']"),
         _env(P.ENV_NNODES, str(layout.nodes)),
-        _env(P.ENV_LEADER_ADDRESS, leader_address(owner, pool, placement.index)),
+        _env(P.ENV_LEADER_ADDRESS, leader_address(owner, pool, site.index)),
         _field_env(P.ENV_POD_IP, "status.podIP"),
         _field_env(P.ENV_POD_NAME, "metadata.name"),
         _env(P.ENV_ENGINE_CONFIG, P.DEFAULT_CONFIG_PATH),
         *copy.deepcopy(spec.engine.env),
     ]
     affinity_terms = [
-        {"key": "kubernetes.io/hostname", "operator": "In", "values": list(placement.nodes)},
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": list(site.nodes)},
     ]
-    if placement.kind != "node":
-        affinity_terms.insert(0, {"key": placement.label, "operator": "In", "values": [placement.domain]})
+    if site.kind != "node":
+        affinity_terms.insert(0, {"key": site.label, "operator": "In", "values": [site.domain]})
 
     pod_spec: dict[str, Any] = {
         "serviceAccountName": service_account_name(owner.name),
@@ -203,7 +204,7 @@ def instance_objects(
     spec: MoEDeploymentSpec,
     owner: Owner,
     pool: Pool,
-    placement: Placement,
+    site: InstanceSite,
     settings: RuntimeSettings,
     engine_config_hash: str,
     boot_placement: int = 0,
@@ -214,16 +215,16 @@ def instance_objects(
     ``boot_placement`` (eplb mode static): the placement version pods boot with. A new version
     changes the template hash, so instances roll one at a time onto it (0: no annotation).
     """
-    name = L.instance_name(owner.name, pool, placement.index)
-    selector = L.instance_selector(owner.name, pool, placement.index)
-    labels = {**L.base_labels(owner.name, pool), **selector, L.DEPLOYMENT_UID: owner.uid}
-    pod_spec = pod_template(spec, owner, pool, placement, settings)
+    name = L.instance_name(owner.name, pool, site.index)
+    selector = L.instance_selector(owner.name, pool, site.index)
+    labels = {**L.base_labels(owner.name, pool), **selector, K.DEPLOYMENT_UID: owner.uid}
+    pod_spec = pod_template(spec, owner, pool, site, settings)
     # Engine config changes reach pods through a new template hash (a rolling group restart).
     hashed: dict[str, Any] = {"pod": pod_spec, "engine": engine_config_hash}
     template_annotations: dict[str, str] = {}
     if boot_placement:
         hashed["bootPlacement"] = boot_placement
-        template_annotations[BOOT_PLACEMENT] = str(boot_placement)
+        template_annotations[K.BOOT_PLACEMENT] = str(boot_placement)
     template_hash = L.content_hash(hashed)
     nnodes = pool_layout(pools(spec)[pool], spec.topology).nodes
     metadata = {
@@ -231,23 +232,23 @@ def instance_objects(
         "namespace": owner.namespace,
         "labels": labels,
         "annotations": {
-            L.PLACEMENT: json.dumps(
+            K.INSTANCE_NODES: json.dumps(
                 {
-                    "kind": placement.kind,
-                    "label": placement.label,
-                    "domain": placement.domain,
-                    "nodes": list(placement.nodes),
+                    "kind": site.kind,
+                    "label": site.label,
+                    "domain": site.domain,
+                    "nodes": list(site.nodes),
                 },
                 sort_keys=True,
             ),
-            L.TEMPLATE_HASH: template_hash,
+            K.TEMPLATE_HASH: template_hash,
         },
         "ownerReferences": [owner.reference()],
     }
     template = {
         "metadata": {
             "labels": labels,
-            "annotations": {L.TEMPLATE_HASH: template_hash, **template_annotations},
+            "annotations": {K.TEMPLATE_HASH: template_hash, **template_annotations},
         },
         "spec": pod_spec,
     }

@@ -7,6 +7,7 @@ from typing import Any
 
 from moe_contract.pod import SIDECAR_PORT
 from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api import keys as K
 from moe_operator.api.derived import Pool, pools
 from moe_operator.render import labels as L
 from moe_operator.render.engine import engine_config
@@ -36,7 +37,7 @@ def engine_config_map(spec: MoEDeploymentSpec, owner: Owner, pool: Pool) -> dict
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(owner, engine_config_name(owner.name, pool), pool, {L.POOL: pool}),
+        "metadata": _meta(owner, engine_config_name(owner.name, pool), pool, {K.POOL: pool}),
         "data": {"engine.json": data},
     }
 
@@ -53,7 +54,7 @@ def pool_service(spec: MoEDeploymentSpec, owner: Owner, pool: Pool) -> dict[str,
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(owner, f"{owner.name}-{pool}", pool, {L.POOL: pool}),
+        "metadata": _meta(owner, f"{owner.name}-{pool}", pool, {K.POOL: pool}),
         "spec": {
             "selector": {**L.pool_selector(owner.name, pool), "apps.kubernetes.io/pod-index": "0"},
             "ports": ports,
@@ -66,7 +67,7 @@ def pool_disruption_budget(owner: Owner, pool: Pool) -> dict[str, Any]:
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": _meta(owner, f"{owner.name}-{pool}", pool, {L.POOL: pool}),
+        "metadata": _meta(owner, f"{owner.name}-{pool}", pool, {K.POOL: pool}),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": L.pool_selector(owner.name, pool)}},
     }
 
@@ -91,7 +92,7 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
         args += ["--worker-urls", *urls("decode")]
     args += list(r.extra_args)
     labels = L.base_labels(owner.name, "router")
-    selector = {L.DEPLOYMENT: owner.name, "app.kubernetes.io/component": "router"}
+    selector = {K.DEPLOYMENT: owner.name, "app.kubernetes.io/component": "router"}
     container: dict[str, Any] = {
         "name": "router",
         "image": r.image or spec.engine.image,

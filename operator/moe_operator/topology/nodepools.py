@@ -15,8 +15,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from moe_operator.api import keys as K
+
 CLIQUE_LABEL = "nvidia.com/gpu.clique"
-POOL_LABEL = "moe.inference.dev/sandbox-pool"
+POOL_LABEL = K.NODE_POOL
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 
 

@@ -47,7 +47,9 @@ class TopologyPolicy:
 
 
 @dataclass(frozen=True)
-class Placement:
+class InstanceSite:
+    """Where one instance runs: its NVLink domain (or rack, or node) and its nodes."""
+
     pool: str
     index: int
     kind: DomainKind
@@ -74,11 +76,13 @@ class Waiting:
 
 @dataclass(frozen=True)
 class TopologyPlan:
-    placements: tuple[Placement, ...]
+    """Where every instance runs (sites), and which instances wait for capacity."""
+
+    sites: tuple[InstanceSite, ...]
     waiting: tuple[Waiting, ...]
 
-    def placement(self, pool: str, index: int) -> Placement | None:
-        return next((p for p in self.placements if p.key == (pool, index)), None)
+    def site(self, pool: str, index: int) -> InstanceSite | None:
+        return next((p for p in self.sites if p.key == (pool, index)), None)
 
 
 @dataclass
@@ -120,7 +124,7 @@ def plan_topology(
     requests: Sequence[PoolRequest],
     nodes: Iterable[NodeInfo],
     policy: TopologyPolicy,
-    previous: Iterable[Placement] = (),
+    previous: Iterable[InstanceSite] = (),
 ) -> TopologyPlan:
     """Place every instance of every pool, or say why it waits.
 
@@ -130,7 +134,7 @@ def plan_topology(
     by_name = {n.name: n for n in sorted(nodes, key=lambda n: n.name)}
     taken: set[str] = set()
     prev = {p.key: p for p in previous}
-    placements: dict[tuple[str, int], Placement] = {}
+    sites: dict[tuple[str, int], InstanceSite] = {}
     waiting: list[Waiting] = []
     reqs = {r.pool: r for r in requests}
 
@@ -156,7 +160,7 @@ def plan_topology(
                 keep += spare[: req.nodes_per_instance - len(keep)]
             if len(keep) == req.nodes_per_instance:
                 taken.update(keep)
-                placements[old.key] = Placement(
+                sites[old.key] = InstanceSite(
                     req.pool, index, old.kind, old.label, old.domain, tuple(sorted(keep))
                 )
 
@@ -164,15 +168,15 @@ def plan_topology(
     order = sorted(requests, key=lambda r: (-r.nodes_per_instance * r.gpus_per_node, r.pool))
     for req in order:
         for index in range(req.replicas):
-            if (req.pool, index) in placements:
+            if (req.pool, index) in sites:
                 continue
-            placed = _place_one(req, index, by_name, taken, policy, placements, reqs)
-            if isinstance(placed, Placement):
+            placed = _place_one(req, index, by_name, taken, policy, sites, reqs)
+            if isinstance(placed, InstanceSite):
                 taken.update(placed.nodes)
-                placements[placed.key] = placed
+                sites[placed.key] = placed
             else:
                 waiting.append(placed)
-    ordered = tuple(sorted(placements.values(), key=lambda p: (p.pool, p.index)))
+    ordered = tuple(sorted(sites.values(), key=lambda p: (p.pool, p.index)))
     return TopologyPlan(ordered, tuple(sorted(waiting, key=lambda w: (w.pool, w.index))))
 
 
@@ -182,9 +186,9 @@ def _place_one(
     by_name: Mapping[str, NodeInfo],
     taken: set[str],
     policy: TopologyPolicy,
-    placements: Mapping[tuple[str, int], Placement],
+    sites: Mapping[tuple[str, int], InstanceSite],
     reqs: Mapping[str, PoolRequest],
-) -> Placement | Waiting:
+) -> InstanceSite | Waiting:
     free_nodes = [
         n for n in by_name.values() if n.name not in taken and _eligible(n, policy, req.gpus_per_node)
     ]
@@ -194,12 +198,12 @@ def _place_one(
         return _waiting(req, index, domains, by_name, policy)
 
     same_pool: defaultdict[tuple[str, str], int] = defaultdict(int)
-    for p in placements.values():
+    for p in sites.values():
         if p.pool == req.pool:
             same_pool[(p.kind, p.domain)] += 1
     other_zones = {
         _zone(by_name[n].labels, policy)
-        for p in placements.values()
+        for p in sites.values()
         if p.pool != req.pool and p.pool in reqs
         for n in p.nodes
         if n in by_name
@@ -221,7 +225,9 @@ def _place_one(
     chosen = sorted(best.nodes, key=lambda n: (n.free_gpus - req.gpus_per_node, n.name))[
         : req.nodes_per_instance
     ]
-    return Placement(req.pool, index, best.kind, best.label, best.name, tuple(sorted(n.name for n in chosen)))
+    return InstanceSite(
+        req.pool, index, best.kind, best.label, best.name, tuple(sorted(n.name for n in chosen))
+    )
 
 
 def _waiting(

@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from moe_operator.api import keys as K
+
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -74,7 +76,7 @@ def gpu_usage(pods: Iterable[Mapping[str, Any]], exclude_owner_uid: str | None =
         if not node or phase in ("Succeeded", "Failed"):
             continue
         labels = pod.get("metadata", {}).get("labels") or {}
-        if exclude_owner_uid and labels.get("moe.inference.dev/deployment-uid") == exclude_owner_uid:
+        if exclude_owner_uid and labels.get(K.DEPLOYMENT_UID) == exclude_owner_uid:
             continue
         usage[node] = usage.get(node, 0) + pod_gpu_request(pod)
     return usage

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moe_contract.engine import EngineConfig
+from moe_placement.document import PlacementDoc
 from moe_placement.maps import PlacementError, validate_map
 from moe_runtime import exchange
 
@@ -34,7 +35,7 @@ def prepare(cfg: EngineConfig, state_dir: Path) -> InitLocation:
     if cfg.eplb.placement_file:
         candidates.insert(0, Path(cfg.eplb.placement_file))
     notes: list[str] = []
-    best: tuple[exchange.PlacementDoc, Path] | None = None
+    best: tuple[PlacementDoc, Path] | None = None
     for path in candidates:
         doc, err = exchange.CachedPlacementFile(path).load()
         if err:
@@ -56,7 +57,7 @@ def prepare(cfg: EngineConfig, state_dir: Path) -> InitLocation:
     return InitLocation(out, doc.version, str(path), tuple(notes))
 
 
-def fit_problem(cfg: EngineConfig, doc: exchange.PlacementDoc) -> str | None:
+def fit_problem(cfg: EngineConfig, doc: PlacementDoc) -> str | None:
     """Why the map cannot be this engine's placement, or None.
 
     The engine has E + R physical slots per layer, so E = slots - R is exact even when the

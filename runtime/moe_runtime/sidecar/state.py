@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from moe_placement import document
+from moe_placement.document import PlacementDoc
 from moe_placement.maps import (
     Dispatch,
     FloatArray,
@@ -114,7 +116,7 @@ class SidecarState:
     ring_size: int = DEFAULT_RING
     windows: deque[Window] = field(init=False)
     seq: int = 0
-    pushed: exchange.PlacementDoc | None = None
+    pushed: PlacementDoc | None = None
     pushed_received_at: float | None = None
     applied: Applied | None = None
     plugin_status: dict[str, Any] = field(default_factory=dict)
@@ -208,15 +210,15 @@ class SidecarState:
 
     # ------------------------------------------------------------ placement
 
-    def push(self, body: Any, now: float | None = None) -> tuple[str, exchange.PlacementDoc]:
+    def push(self, body: Any, now: float | None = None) -> tuple[str, PlacementDoc]:
         """Validate and accept an operator placement; 'accepted' or 'refreshed'. Raises PushRejected."""
         now = time.time() if now is None else now
         try:
-            doc = exchange.parse_placement(body, default_generated_at=now)
+            doc = document.parse(body, now=now, default_generated_at=now)
         except ValueError as exc:
             raise PushRejected(400, str(exc)) from exc
         arr = self._validate(doc.physical_to_logical_map)
-        doc = exchange.PlacementDoc(doc.version, arr, doc.generated_at, doc.source, doc.extra)
+        doc = PlacementDoc(doc.version, arr, doc.generated_at, doc.source, doc.extra)
         current = self.pushed
         outcome = "accepted"
         if current is not None:
@@ -246,7 +248,7 @@ class SidecarState:
         except PlacementError as exc:
             raise PushRejected(422, str(exc)) from exc
 
-    def _load_pushed(self) -> exchange.PlacementDoc | None:
+    def _load_pushed(self) -> PlacementDoc | None:
         doc, _ = exchange.CachedPlacementFile(exchange.placement_path(self.state_dir)).load()
         return doc
 

@@ -1,0 +1,93 @@
+"""The control loop's HTTP client for engine runtimes: load windows in, placements out.
+
+Runtimes are peers the operator does not trust: every answer is read with a deadline and a
+byte cap, and a failure is a short string for status, never an exception that stops a pool.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from moe_contract.pod import SIDECAR_PORT
+
+TIMEOUT_S = 3.0
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a full ring of DeepSeek-V3 windows is ~30 MB of JSON
+
+
+class RuntimeAnswerError(Exception):
+    """A runtime that did not answer usefully; the message is safe to show in status."""
+
+
+@dataclass(frozen=True)
+class Pushed:
+    result: str  # ok, http_<status> or unreachable (a metric label)
+    refusal: str | None  # for status, None when the runtime took it
+
+
+class RuntimeClient:
+    """One per evaluation; talks to each leader's sidecar on the pod IP."""
+
+    def __init__(
+        self, token: str | None = None, timeout_s: float = TIMEOUT_S, port: int = SIDECAR_PORT
+    ) -> None:
+        self._http = httpx.Client(timeout=timeout_s)
+        self._token = token
+        self._deadline_s = timeout_s
+        self._port = port
+
+    def __enter__(self) -> RuntimeClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._http.close()
+
+    @property
+    def has_token(self) -> bool:
+        return bool(self._token)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    def windows(self, ip: str, after: int) -> dict[str, Any]:
+        """GET /v1/windows after a cursor (counts included)."""
+        url = f"http://{ip}:{self._port}/v1/windows"
+        params = {"after": str(after), "counts": "true"}
+        started = time.monotonic()
+        try:
+            with self._http.stream("GET", url, params=params, headers=self._headers()) as resp:
+                if resp.status_code != 200:
+                    raise RuntimeAnswerError(f"HTTP {resp.status_code}")
+                body = bytearray()
+                for chunk in resp.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise RuntimeAnswerError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
+                    if time.monotonic() - started > 4 * self._deadline_s:
+                        raise RuntimeAnswerError(f"answer took longer than {4 * self._deadline_s:.0f}s")
+        except httpx.HTTPError as exc:
+            raise RuntimeAnswerError(type(exc).__name__) from exc
+        try:
+            answer = json.loads(body)
+        except ValueError as exc:
+            raise RuntimeAnswerError("answer is not JSON") from exc
+        if not isinstance(answer, dict):
+            raise RuntimeAnswerError("answer is not a JSON object")
+        return answer
+
+    def push(self, ip: str, doc: Mapping[str, Any]) -> Pushed:
+        """PUT a placement document; the runtime validates it against its engine."""
+        try:
+            resp = self._http.put(
+                f"http://{ip}:{self._port}/v1/placement", json=dict(doc), headers=self._headers()
+            )
+        except httpx.HTTPError as exc:
+            return Pushed("unreachable", type(exc).__name__)
+        if resp.status_code == 200:
+            return Pushed("ok", None)
+        return Pushed(f"http_{resp.status_code}", f"HTTP {resp.status_code} {resp.text[:120]}")

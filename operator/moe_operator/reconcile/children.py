@@ -1,0 +1,80 @@
+"""Desired children against observed ones: what to apply now, what to hold back, what to prune (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from moe_operator.api import keys as K
+from moe_operator.render.group import LWS_API_VERSION
+
+ChildKey = tuple[str, str]  # (kind, name)
+
+API_VERSIONS: Mapping[str, str] = {
+    "StatefulSet": "apps/v1",
+    "Deployment": "apps/v1",
+    "LeaderWorkerSet": LWS_API_VERSION,
+    "PodDisruptionBudget": "policy/v1",
+    "Role": "rbac.authorization.k8s.io/v1",
+    "RoleBinding": "rbac.authorization.k8s.io/v1",
+}
+
+
+def api_version(kind: str) -> str:
+    """The apiVersion of a kind the operator owns (core kinds are v1)."""
+    return API_VERSIONS.get(kind, "v1")
+
+
+@dataclass(frozen=True)
+class ChildChanges:
+    """``apply``: write now. ``hold``: LeaderWorkerSets whose pod template changes while their group
+    runs, by instance name: the controller would recreate the group at once, so they wait until
+    the lifecycle lets that instance roll. ``prune``: rendered earlier, no longer wanted."""
+
+    apply: list[dict[str, Any]] = field(default_factory=list)
+    hold: dict[str, dict[str, Any]] = field(default_factory=dict)
+    prune: list[ChildKey] = field(default_factory=list)
+
+
+def child_key(obj: Mapping[str, Any]) -> ChildKey:
+    return (str(obj["kind"]), str(obj["metadata"]["name"]))
+
+
+def diff_children(
+    desired: Sequence[dict[str, Any]],
+    observed: Mapping[ChildKey, Mapping[str, Any]],
+    recently_applied: Mapping[ChildKey, str],
+    pods: Sequence[Mapping[str, Any]],
+) -> ChildChanges:
+    """Compare by spec hash. ``recently_applied`` (key -> spec hash applied moments ago) bridges the
+    watch lag: an object the index has not delivered yet is not applied again."""
+    changes = ChildChanges()
+    for obj in desired:
+        key = child_key(obj)
+        want = obj["metadata"]["annotations"][K.SPEC_HASH]
+        have = observed.get(key)
+        if have is not None and have["specHash"] == want:
+            continue
+        if have is None and recently_applied.get(key) == want:
+            continue
+        if template_change_of_running(obj, have, pods):
+            changes.hold[key[1]] = obj
+        else:
+            changes.apply.append(obj)
+    wanted = {child_key(o) for o in desired}
+    # Only objects this reconciler rendered (they carry a spec hash) are pruned.
+    changes.prune.extend(key for key, c in observed.items() if c["specHash"] and key not in wanted)
+    return changes
+
+
+def template_change_of_running(
+    obj: Mapping[str, Any], have: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+) -> bool:
+    """A LeaderWorkerSet whose pod template changes while its group has pods."""
+    if obj["kind"] != "LeaderWorkerSet" or have is None:
+        return False
+    if have["annotations"].get(K.TEMPLATE_HASH) == obj["metadata"]["annotations"][K.TEMPLATE_HASH]:
+        return False
+    labels = obj["metadata"]["labels"]
+    return any(p["pool"] == labels[K.POOL] and str(p["instance"]) == labels[K.INSTANCE] for p in pods)

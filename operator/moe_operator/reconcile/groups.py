@@ -1,0 +1,58 @@
+"""Group semantics as actions: which instances restart whole, roll, or have their world recorded (pure).
+
+The lifecycle (moe_operator.lifecycle) decides per group; this turns its decisions for every
+pool into a list of actions for the shell, keeping spec rolls one instance per pool at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from moe_operator.api.conditions import Reason
+from moe_operator.lifecycle import GroupState, decide, formed, pool_may_roll, restarts_after
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Restart all ranks of one instance: record the new epoch and count, then recreate its pods."""
+
+    group: GroupState
+    reason: Reason
+    message: str
+    restarts: int  # the count to record
+    orphans: tuple[str, ...]  # pods on Nodes that no longer exist: force-delete them
+
+
+@dataclass(frozen=True)
+class GroupActions:
+    restarts: list[Restart] = field(default_factory=list)
+    # instances whose world formed: record these pod UIDs so a rank recreated alone is noticed
+    members: list[tuple[GroupState, str]] = field(default_factory=list)
+    # (pool, index) -> (reason, message) of every instance restarting, rolling or backing off
+    restarting: dict[tuple[str, int], tuple[Reason, str]] = field(default_factory=dict)
+
+
+def group_actions(groups: Sequence[GroupState], now: datetime, nodes: Collection[str]) -> GroupActions:
+    """``nodes``: the Nodes that exist. Rolls go one instance per pool at a time."""
+    out = GroupActions()
+    for pool in sorted({g.pool for g in groups}):
+        mine = sorted((g for g in groups if g.pool == pool), key=lambda g: g.index)
+        may_roll = pool_may_roll(mine)
+        for g in mine:
+            decision = decide(g, now, may_roll)
+            if decision.action == "none":
+                continue
+            reason = Reason(decision.reason)
+            out.restarting[(g.pool, g.index)] = (reason, decision.message)
+            if decision.action == "restart":
+                count = g.restarts if reason == Reason.ROLLING_OUT else restarts_after(g, now)
+                orphans = tuple(p.name for p in g.pods if p.node and p.node not in nodes)
+                out.restarts.append(Restart(g, reason, decision.message, count, orphans))
+            if reason == Reason.ROLLING_OUT:
+                may_roll = False
+        for g in mine:
+            if (g.pool, g.index) not in out.restarting and formed(g):
+                out.members.append((g, ",".join(sorted(p.uid for p in g.pods))))
+    return out

@@ -1,0 +1,110 @@
+"""Turn index contents into the topology planner's and the lifecycle's inputs (pure)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api import keys as K
+from moe_operator.api.derived import pool_layout, pools
+from moe_operator.lifecycle import GroupState, PodState
+from moe_operator.render import labels as L
+from moe_operator.topology.planner import InstanceSite, TopologyPlan
+from moe_operator.topology.snapshot import NodeInfo, node_from_object
+
+
+def parse_time(value: str | None) -> datetime:
+    if not value:
+        return datetime.now(UTC)
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def node_snapshot(
+    nodes: Iterable[Mapping[str, Any]],
+    gpu_use: Mapping[str, Iterable[tuple[str, int]]],
+    own_uid: str,
+    claims: Mapping[str, int] | None = None,
+) -> list[NodeInfo]:
+    """Nodes with the GPUs other owners hold: bound pods, or GPUs other deployments' plans
+    claimed on the node before their pods exist (whichever is larger), so two deployments
+    planned in the same burst do not pick the same nodes."""
+    out = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        used = sum(g for uid, g in gpu_use.get(name, ()) if uid != own_uid)
+        out.append(node_from_object(node, max(used, (claims or {}).get(name, 0))))
+    return out
+
+
+def previous_sites(groups: Iterable[Mapping[str, Any]], name: str) -> list[InstanceSite]:
+    """Where each instance ran, from its group object's (StatefulSet or LeaderWorkerSet) annotation."""
+    out = []
+    for group in groups:
+        annotations = group["annotations"]
+        raw = annotations.get(K.INSTANCE_NODES) or annotations.get(K.INSTANCE_NODES_BEFORE_0_2)
+        prefix = f"{name}-"
+        if not raw or not group["name"].startswith(prefix):
+            continue
+        pool, _, index = group["name"][len(prefix) :].rpartition("-")
+        if not index.isdigit() or pool not in ("prefill", "decode"):
+            continue
+        p = json.loads(raw)
+        out.append(InstanceSite(pool, int(index), p["kind"], p["label"], p["domain"], tuple(p["nodes"])))
+    return out
+
+
+def group_states(
+    spec: MoEDeploymentSpec,
+    name: str,
+    group_objects: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    plan: TopologyPlan,
+    desired_hashes: Mapping[str, str] | None = None,
+) -> list[GroupState]:
+    """One GroupState per existing instance group object (StatefulSet or LeaderWorkerSet) that the
+    plan keeps. ``desired_hashes`` (instance name -> pod template hash just rendered) is the
+    template the group should run, ahead of what the watch has delivered."""
+    by_instance: dict[tuple[str, int], list[PodState]] = {}
+    for pod in pods:
+        if pod["deleting"]:
+            continue
+        by_instance.setdefault((pod["pool"], pod["instance"]), []).append(
+            PodState(
+                name=pod["name"],
+                uid=pod["uid"],
+                rank=pod["rank"],
+                phase=pod["phase"],
+                ready=pod["ready"],
+                restarts=pod["restarts"],
+                created=parse_time(pod["created"]),
+                template_hash=pod["templateHash"],
+                node=pod["node"],
+            )
+        )
+    previous = {p.key: p for p in previous_sites(group_objects, name)}
+    out = []
+    by_name = {g["name"]: g for g in group_objects}
+    specs = pools(spec)
+    for placement in plan.sites:
+        obj = by_name.get(L.instance_name(name, placement.pool, placement.index))
+        if obj is None:
+            continue
+        ann = obj["annotations"]
+        old = previous.get(placement.key)
+        out.append(
+            GroupState(
+                pool=placement.pool,
+                index=placement.index,
+                nnodes=pool_layout(specs[placement.pool], spec.topology).nodes,  # type: ignore[index]
+                template_hash=(desired_hashes or {}).get(obj["name"]) or ann.get(K.TEMPLATE_HASH, ""),
+                epoch=parse_time(ann.get(K.GROUP_EPOCH) or obj["created"]),
+                restarts=int(ann.get(K.GROUP_RESTARTS, "0")),
+                pods=tuple(sorted(by_instance.get(placement.key, []), key=lambda p: p.rank)),
+                members=frozenset(filter(None, ann.get(K.GROUP_MEMBERS, "").split(","))),
+                moved=old is not None and old.nodes != placement.nodes,
+            )
+        )
+    return out

@@ -1,0 +1,167 @@
+"""The reconciler's decisions without a cluster: diff, group actions, status, backend messages."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from moe_operator.api import keys as K
+from moe_operator.api.conditions import Reason, get_condition
+from moe_operator.lifecycle import GroupState, PodState
+from moe_operator.reconcile.backend import backend_unavailable, leaderworkerset_state
+from moe_operator.reconcile.children import diff_children
+from moe_operator.reconcile.groups import group_actions
+from moe_operator.reconcile.status import compute_status, ready_event, stop_status
+from moe_operator.render.children import render_children
+from moe_operator.render.group import Owner, RuntimeSettings
+from moe_operator.topology.planner import TopologyPlan, Waiting
+from render_cases import TWO_CLIQUE_PLAN, gb200_decode_spec
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+OWNER = Owner("m", "ns", "uid-1")
+
+
+def _observed(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (o["kind"], o["metadata"]["name"]): {
+            "kind": o["kind"],
+            "name": o["metadata"]["name"],
+            "specHash": o["metadata"]["annotations"][K.SPEC_HASH],
+            "annotations": dict(o["metadata"]["annotations"]),
+        }
+        for o in objs
+    }
+
+
+def _desired(backend: str = "StatefulSet", mode: str = "operator") -> list[dict[str, Any]]:
+    return render_children(
+        gb200_decode_spec(mode), OWNER, TWO_CLIQUE_PLAN, RuntimeSettings(), backend=backend
+    )  # type: ignore[arg-type]
+
+
+def _pod(rank: int, instance: int = 0) -> dict[str, Any]:
+    return {"pool": "decode", "instance": instance, "rank": rank}
+
+
+def test_nothing_to_write_when_every_hash_matches() -> None:
+    desired = _desired()
+    changes = diff_children(desired, _observed(desired), {}, [])
+    assert not changes.apply and not changes.hold and not changes.prune
+
+
+def test_new_children_applied_unless_applied_moments_ago() -> None:
+    desired = _desired()
+    changes = diff_children(desired, {}, {}, [])
+    assert len(changes.apply) == len(desired)
+    recent = {(o["kind"], o["metadata"]["name"]): o["metadata"]["annotations"][K.SPEC_HASH] for o in desired}
+    assert not diff_children(desired, {}, recent, []).apply
+
+
+def test_children_no_longer_planned_are_pruned_but_foreign_objects_are_not() -> None:
+    desired = _desired()
+    observed = _observed(desired)
+    observed[("StatefulSet", "m-decode-7")] = {
+        "kind": "StatefulSet",
+        "name": "m-decode-7",
+        "specHash": "x",
+        "annotations": {},
+    }
+    observed[("ConfigMap", "m-decode-placement")] = {
+        "kind": "ConfigMap",
+        "name": "m-decode-placement",
+        "specHash": None,
+        "annotations": {},
+    }
+    assert diff_children(desired, observed, {}, []).prune == [("StatefulSet", "m-decode-7")]
+
+
+def test_leaderworkerset_template_change_is_held_while_its_group_runs() -> None:
+    old = _desired("LeaderWorkerSet")
+    new = _desired("LeaderWorkerSet", mode="engine")  # a different engine config: new template hash
+    observed = _observed(old)
+    held = diff_children(new, observed, {}, [_pod(0, instance=1)])
+    assert set(held.hold) == {"m-decode-1"}
+    assert "m-decode-0" in {o["metadata"]["name"] for o in held.apply if o["kind"] == "LeaderWorkerSet"}
+    idle = diff_children(new, observed, {}, [])
+    assert not idle.hold
+
+
+def _group(index: int, *, ready: bool = True, template: str = "t1", restarts: int = 0, phase: str = "Running",
+           node: str | None = "n0", members: frozenset[str] = frozenset()) -> GroupState:  # fmt: skip
+    pods = tuple(
+        PodState(
+            f"p{index}-{r}", f"u{index}-{r}", r, phase, ready, restarts if r == 0 else 0, NOW, template, node
+        )
+        for r in range(2)
+    )
+    return GroupState("decode", index, 2, "t1", NOW - timedelta(hours=1), 0, pods, members=members)
+
+
+def test_a_failed_rank_restarts_its_whole_group_and_orphans_on_gone_nodes_are_named() -> None:
+    broken = _group(0, phase="Failed", node="gone")
+    actions = group_actions([broken, _group(1)], NOW, nodes={"n0"})
+    (restart,) = actions.restarts
+    assert restart.group.index == 0 and restart.reason == Reason.GROUP_RESTARTING
+    assert restart.orphans == ("p0-0", "p0-1") and restart.restarts == 1
+    assert set(actions.restarting) == {("decode", 0)}
+
+
+def test_spec_rolls_one_instance_at_a_time() -> None:
+    stale = [_group(0, template="t0"), _group(1, template="t0")]
+    actions = group_actions(stale, NOW, nodes={"n0"})
+    assert [(r.group.index, r.reason) for r in actions.restarts] == [(0, Reason.ROLLING_OUT)]
+    assert actions.restarts[0].restarts == 0  # a roll is not a failure: the count stays
+
+
+def test_a_formed_world_gets_its_members_recorded_once() -> None:
+    fresh = group_actions([_group(0)], NOW, nodes={"n0"})
+    assert fresh.members == [(fresh.members[0][0], "u0-0,u0-1")]
+    recorded = group_actions([_group(0, members=frozenset({"u0-0", "u0-1"}))], NOW, nodes={"n0"})
+    assert not recorded.members
+
+
+def _status(plan: TopologyPlan, groups: list[GroupState], replicas: int = 2, **kw: Any) -> dict[str, Any]:
+    spec = gb200_decode_spec()
+    spec.decode.replicas = replicas
+    router = {"replicas": 1, "readyReplicas": 1}
+    return compute_status(
+        spec, "m", "ns", 3, kw.get("current", {}), plan, groups, kw.get("restarting", {}), router, NOW
+    )
+
+
+def test_status_ready_and_waiting_for_capacity() -> None:
+    ready = _status(TWO_CLIQUE_PLAN, [_group(0), _group(1)])
+    cond = get_condition(ready["conditions"], "Ready")
+    assert cond is not None and cond["status"] == "True" and cond["reason"] == Reason.ALL_POOLS_READY
+    assert ready["pools"]["decode"]["ready"] == "2/2"
+    waiting = TopologyPlan(
+        TWO_CLIQUE_PLAN.sites[:1], (Waiting("decode", 1, "WaitingForCapacity", "8 GPUs short"),)
+    )
+    status = _status(waiting, [_group(0)])
+    assert get_condition(status["conditions"], "Degraded")["reason"] == Reason.WAITING_FOR_CAPACITY  # type: ignore[index]
+    event = ready_event(ready, status, posted=set())
+    assert event is not None and event.type == "Warning" and "8 GPUs short" in event.message
+    assert ready_event(status, status, posted=set()) is None  # no change, no event
+
+
+def test_all_pools_at_zero_replicas_is_scaled_to_zero() -> None:
+    status = _status(TopologyPlan((), ()), [], replicas=0)
+    cond = get_condition(status["conditions"], "Ready")
+    assert cond is not None and (cond["status"], cond["reason"]) == ("True", Reason.SCALED_TO_ZERO)
+
+
+def test_stop_status_keeps_transition_times_and_names_the_reason() -> None:
+    first = stop_status({}, Reason.INVALID_SPEC, "spec.decode.replicas: too many", 2, NOW)
+    again = stop_status(
+        first, Reason.INVALID_SPEC, "spec.decode.replicas: too many", 2, NOW + timedelta(minutes=5)
+    )
+    assert first == again
+    assert get_condition(first["conditions"], "Degraded")["status"] == "True"  # type: ignore[index]
+
+
+def test_backend_messages_say_what_to_do() -> None:
+    assert leaderworkerset_state(served=True, watched=False) == "unwatched"
+    reason, message = backend_unavailable("auto", "unwatched")
+    assert reason == Reason.LEADERWORKERSET_NOT_WATCHED and "restart the operator" in message
+    reason, message = backend_unavailable("LeaderWorkerSet", "absent")
+    assert reason == Reason.LEADERWORKERSET_NOT_INSTALLED and "groupBackend to StatefulSet" in message
