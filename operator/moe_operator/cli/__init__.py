@@ -17,6 +17,7 @@ _GROUPS: dict[str, str] = {
     "eplb": "moe_operator.cli.eplb",
     "run": "moe_operator.cli.run",
     "plan": "moe_operator.cli.plan",
+    "render": "moe_operator.cli.render",
     "crds": "moe_operator.cli.crds",
     "placement": "moe_operator.cli.placement",
 }

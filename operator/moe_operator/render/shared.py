@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
+from moe_contract.flags import router_catalog
 from moe_contract.pod import SIDECAR_PORT
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import Pool, pools
+from moe_operator.api.types import parse_duration
 from moe_operator.render import labels as L
 from moe_operator.render.engine import engine_config
 from moe_operator.render.group import (
@@ -72,16 +75,41 @@ def pool_disruption_budget(owner: Owner, pool: Pool) -> dict[str, Any]:
     }
 
 
+# The router image must hold the sglang-router its flags were checked against (the router catalog's
+# version, pinned in docker/versions.env): an init container says so plainly instead of the router
+# failing on a flag another version does not know.
+_ROUTER_VERSION_CHECK = """\
+import importlib.metadata as m, sys
+want = sys.argv[1]
+try:
+    have = m.version("sglang-router")
+except m.PackageNotFoundError:
+    have = "not installed"
+if have != want:
+    sys.exit(f"sglang-router {have} in this image, but the operator renders and checks the router's "
+             f"flags for sglang-router {want}: set spec.router.image to an image with sglang-router=={want}")
+"""
+
+
 def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]]:
-    """SGLang's router as a Deployment + Service, wired to every instance leader."""
+    """SGLang's router as a Deployment + Service, wired to every instance leader.
+
+    Probes: /liveness (the process serves) and /readiness (503 until a worker is healthy, so the
+    Service sends no traffic to a router without workers); /health is only a liveness alias. The
+    router waits for its workers as long as an engine group may take to start (spec.engine.startupTimeout).
+    """
     r = spec.router
     port = spec.engine.port
+    image = r.image or spec.engine.image
+    version = router_catalog().version
 
     def urls(pool: Pool) -> list[str]:
         p = pools(spec)[pool]
         return [f"http://{leader_address(owner, pool, i)}:{port}" for i in range(p.replicas)]
 
+    startup = math.ceil(parse_duration(spec.engine.startup_timeout))
     args = ["--host", "0.0.0.0", "--port", str(r.port), "--policy", r.policy, "--prometheus-port", "29000"]
+    args += ["--worker-startup-timeout-secs", str(startup)]
     if spec.prefill is not None:
         args.append("--pd-disaggregation")
         for url in urls("prefill"):
@@ -95,18 +123,25 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
     selector = {K.DEPLOYMENT: owner.name, "app.kubernetes.io/component": "router"}
     container: dict[str, Any] = {
         "name": "router",
-        "image": r.image or spec.engine.image,
+        "image": image,
         "command": ["python3", "-m", "sglang_router.launch_router", *args],
         "ports": [{"name": "http", "containerPort": r.port}, {"name": "metrics", "containerPort": 29000}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": r.port}, "periodSeconds": 5},
+        "readinessProbe": {"httpGet": {"path": "/readiness", "port": r.port}, "periodSeconds": 5},
         "livenessProbe": {
-            "httpGet": {"path": "/health", "port": r.port},
+            "httpGet": {"path": "/liveness", "port": r.port},
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
     }
     if r.resources:
         container["resources"] = r.resources
+    version_check = {
+        "name": "router-version",
+        "image": image,
+        "command": ["python3", "-c", _ROUTER_VERSION_CHECK, version],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec = {"initContainers": [version_check], "containers": [container]}
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -114,7 +149,7 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
         "spec": {
             "replicas": r.replicas,
             "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
         },
     }
     service = {
