@@ -14,8 +14,12 @@ import pytest
 import yaml
 
 from moe_contract import engine as contract
+from moe_contract.engine import EngineConfig
 from moe_contract.flags import ENGINE_CATALOG, ROUTER_CATALOG, engine_catalog, resolve, router_catalog
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api.derived import pools
 from moe_operator.cli.crds import register
+from moe_operator.render.engine import engine_config
 from moe_operator.validation import validate
 from moe_operator.validation.flags import (
     CONTEXT_LENGTH_FLAG,
@@ -156,3 +160,12 @@ def test_capacity_check_reads_values_as_sglang_does() -> None:
     assert flag_value(["--chunked-prefill-size", "0.5"], MEM_FRACTION_FLAG) is None
     tight = spec_with(ArgCase("x", "engine", ("--mem-fraction", "0.3")))
     assert any(p.field == "spec.decode.nodesPerReplica" for p in validate(tight))
+
+
+@pytest.mark.parametrize("case", ACCEPTED, ids=lambda c: c.name)
+def test_what_admission_accepts_the_launcher_accepts(case: ArgCase) -> None:
+    """Every accepted list renders: the engine config (the runtime's own model) takes it too."""
+    spec = MoEDeploymentSpec.model_validate(spec_with(case))
+    for pool in pools(spec):
+        config = EngineConfig.model_validate(engine_config(spec, pool))
+        assert not contract.managed_flags_in(config.extra_args), config.extra_args
