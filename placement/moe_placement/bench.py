@@ -1,200 +1,277 @@
-"""Side-by-side benchmark: our planner against DeepSeek's EPLB on the same synthetic traces.
+"""Side-by-side benchmark: the planner against DeepSeek's EPLB as engines run it, on future traffic.
 
-Every number is measured on future traffic (see scoring.py). Setups follow the facts file:
-EP8 is an OLMoE-like model (64 experts, top-8) in decode; EP32 is DeepSeek-V3-like prefill
-(256 experts + 32 redundant, 8 expert groups, 4 nodes of 8 GPUs, a few dozen prompts per
-step); EP72 and EP144 are DeepSeek-V3-like decode (128 sequences per GPU) on 9 and 18 nodes.
-Two traffic regimes: ``steady`` (the domain mix wanders slowly, over ~8 windows) and
-``shifting`` (it moves within ~2 windows, e.g. tenants switching between chat and code).
+Protocol (every suite): a trace of per-step expert counts is cut into rebalance windows.
+At each rebalance point the planner holds what the operator holds: the sums of the last
+``HISTORY`` windows, and, in the default mode, ``STEP_SAMPLES`` single steps sampled evenly
+from the last window (``--inputs windows`` drops them: what the runtime exports today).
+The baseline is DeepSeek EPLB on the last window's sum, as SGLang runs it. Every map is
+scored on each step of the window after it: excess = mean over steps and layers of
+max/mean GPU load - 1 (SGLang's balancedness is its inverse), dynamic dispatch unless told.
+
+Columns: ratio = ours / baseline excess; oracle = the same planner fitted on the window it
+is scored on (its sum and its step samples); captured = share of the oracle's gain over
+the baseline that ours gets; packing = the planner fitted on the scored window against the
+baseline fitted on the same window (no forecasting at all); @25% = ours from its previous
+map with at most a quarter of the baseline's moves at that rebalance; moves count expert
+copies a GPU must load.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from functools import partial
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .baseline import baseline_plan
-from .forecast import Forecast, shares
-from .fresh import fresh_placement
-from .layout import FloatArray, IntArray, make_layout
-from .metrics import gpu_loads, imbalance
-from .planner import plan
-from .scoring import Score, rebalance_points, rolling_plans, score_plans
-from .trace import TraceConfig, generate_trace
+from .instances import plan_instances
+from .layout import FloatArray, IntArray
+from .metrics import gpu_loads, gpu_moves, imbalance
+from .planner import Plan, plan
+from .regimes import SETUPS, Setup
 
-MOVE_SHARE = 0.25  # our move budget per rebalance: this share of what the baseline moved
-HISTORY_WINDOWS = 8  # history our planner gets, in windows (the baseline sees only the last one)
+HISTORY = 8  # windows the planner holds (the baseline uses the last one)
+SCORED = 8  # rebalances scored per case
+STEP_SAMPLES = 32  # single steps sampled from the last window
+MOVE_SHARE = 0.25  # move cap of the incremental plans: this share of the baseline's moves
 
 
 @dataclass(frozen=True)
-class Setup:
-    """A deployment and the shape of its batches."""
+class Score:
+    """Future imbalance and movement of one planner over a case."""
 
-    name: str
-    num_experts: int
-    num_redundant: int
-    num_gpus: int
-    num_nodes: int
-    num_groups: int
-    tokens_per_step: int
-    batch_sequences: int
-    sequence_steps: float
+    excess: float  # mean over steps and layers of max/mean - 1
+    p95: float  # 95th percentile of per-step, per-layer max/mean
+    moves: tuple[int, ...]  # expert copies loaded at each rebalance (0 for the first)
 
-    def baseline(self, window_loads: FloatArray) -> IntArray:
-        return baseline_plan(
-            window_loads,
-            num_gpus=self.num_gpus,
-            num_nodes=self.num_nodes,
-            num_redundant=self.num_redundant,
-            num_groups=self.num_groups,
-        )
-
-    def ours(
-        self,
-        history: FloatArray,
-        *,
-        dispatch: str,
-        horizon: int | None = None,
-        current: IntArray | None = None,
-        max_moves: int | None = None,
-    ) -> IntArray:
-        return plan(
-            history,
-            num_gpus=self.num_gpus,
-            num_nodes=self.num_nodes,
-            num_redundant=self.num_redundant,
-            num_groups=self.num_groups,
-            dispatch=dispatch,
-            horizon=horizon,
-            current=current,
-            max_moves=max_moves,
-        ).physical_to_logical_map
+    @property
+    def moved(self) -> int:
+        return int(sum(self.moves))
 
 
-SETUPS: dict[str, Setup] = {
-    "EP8": Setup("EP8", 64, 8, 8, 1, 1, 4096, 4096, 48.0),
-    "EP32": Setup("EP32", 256, 32, 32, 4, 8, 32 * 4096, 64, 1.0),
-    "EP72": Setup("EP72", 256, 32, 72, 9, 8, 72 * 128, 72 * 128, 48.0),
-    "EP144": Setup("EP144", 256, 32, 144, 18, 8, 144 * 128, 144 * 128, 48.0),
-}
-REGIMES: dict[str, tuple[float, float]] = {"steady": (0.6, 8.0), "shifting": (1.5, 2.0)}  # walk sd, windows
+def rebalance_points(num_steps: int, window: int) -> list[int]:
+    """Plans are made after HISTORY windows, then every window while a full window follows."""
+    return list(range(HISTORY * window, num_steps - window + 1, window))
 
 
-def trace_config(
-    setup: Setup, regime: str, *, window: int, steps: int, layers: int, seed: int
-) -> TraceConfig:
-    sigma, windows = REGIMES[regime]
-    return TraceConfig(
-        num_layers=layers,
-        num_experts=setup.num_experts,
-        tokens_per_step=setup.tokens_per_step,
-        batch_sequences=setup.batch_sequences,
-        sequence_steps=setup.sequence_steps,
-        num_steps=steps,
-        seed=seed,
-        walk_sigma=sigma,
-        walk_steps=windows * window,
-        drift_period=64.0 * window,
-    )
+def window_sums(counts: FloatArray, end: int, window: int, count: int = HISTORY) -> FloatArray:
+    """The sums of the ``count`` windows before ``end``, [count, L, E], oldest first."""
+    start = max(0, end - count * window)
+    start += (end - start) % window
+    out: FloatArray = counts[start:end].reshape(-1, window, *counts.shape[1:]).sum(axis=1)
+    return out
+
+
+def step_samples(counts: FloatArray, start: int, window: int, count: int = STEP_SAMPLES) -> FloatArray:
+    """``count`` single steps spread evenly over [start, start + window)."""
+    out: FloatArray = counts[start + np.linspace(0, window - 1, min(count, window)).astype(int)]
+    return out
+
+
+def score(
+    counts: FloatArray,
+    maps: Sequence[IntArray],
+    points: Sequence[int],
+    window: int,
+    setup: Setup,
+    dispatch: str,
+) -> Score:
+    """Each map on every step of the window after its rebalance point."""
+    ratios, moves = [], []
+    for k, t in enumerate(points):
+        load = gpu_loads(maps[k], counts[t : t + window], setup.num_gpus, dispatch, setup.num_nodes)
+        ratios.append(imbalance(load).ravel())
+        moves.append(0 if k == 0 else gpu_moves(maps[k - 1], maps[k], setup.num_gpus))
+    flat = np.concatenate(ratios)
+    return Score(float(flat.mean() - 1.0), float(np.percentile(flat, 95)), tuple(moves))
 
 
 @dataclass(frozen=True)
 class Row:
+    """One case (deployment, traffic, seed): every planner scored on the same future steps."""
+
     setup: str
     regime: str
-    dispatch: str
-    baseline: Score
+    seed: int
+    base: Score
     ours: Score
-    budgeted: Score  # ours with the current placement and 25% of the baseline's moves
-    bound: float | None  # our packer given the true mean of the next window (no forecast, no hedging)
-    plan_ms: float
+    capped: Score  # from the previous map, at most MOVE_SHARE of the baseline's moves
+    oracle: Score  # ours fitted on the scored window
+    base_fit: Score  # the baseline fitted on the scored window
+    plan_ms: float  # ours, fresh, per plan
+    capped_ms: float
+    base_ms: float
+    rules: dict[str, int] = field(default_factory=dict)  # forecast rules the backtests chose
 
 
-def compare(
-    setup: Setup,
-    regime: str,
-    *,
-    window: int = 64,
-    windows: int = 8,
-    layers: int = 8,
-    seed: int = 1,
-    dispatch: str = "dynamic",
-    with_bound: bool = False,
-) -> Row:
-    """Baseline, ours fresh and ours movement-limited, scored on the same future steps."""
-    warmup = HISTORY_WINDOWS * window
-    steps = warmup + windows * window
-    counts = generate_trace(
-        trace_config(setup, regime, window=window, steps=steps, layers=layers, seed=seed)
-    ).counts
-    score_kw = {"window": window, "warmup": warmup, "num_gpus": setup.num_gpus, "num_nodes": setup.num_nodes}
-
-    def base(history: FloatArray, previous: IntArray | None, k: int) -> IntArray:
-        return setup.baseline(history[-window:].sum(axis=0))
-
-    def fresh(history: FloatArray, previous: IntArray | None, k: int) -> IntArray:
-        return setup.ours(history[-warmup:], horizon=window, dispatch=dispatch)
-
-    base_maps = rolling_plans(counts, base, window=window, warmup=warmup)
-    base_score = score_plans(counts, base_maps, dispatch=dispatch, **score_kw)
-    budgets = base_score.moves
-
-    def budgeted(history: FloatArray, previous: IntArray | None, k: int) -> IntArray:
-        cap = None if previous is None else int(MOVE_SHARE * budgets[k])
-        return setup.ours(
-            history[-warmup:], horizon=window, dispatch=dispatch, current=previous, max_moves=cap
-        )
-
+def _timed(loads: FloatArray, **kw: object) -> tuple[Plan, float]:
     started = time.perf_counter()
-    ours_maps = rolling_plans(counts, fresh, window=window, warmup=warmup)
-    plan_ms = 1000 * (time.perf_counter() - started) / max(1, len(ours_maps))
-    ours = score_plans(counts, ours_maps, dispatch=dispatch, **score_kw)
-    moved = score_plans(
-        counts, rolling_plans(counts, budgeted, window=window, warmup=warmup), dispatch=dispatch, **score_kw
-    )
-    bound = _oracle_bound(counts, setup, window, warmup, dispatch) if with_bound else None
-    return Row(setup.name, regime, dispatch, base_score, ours, moved, bound, plan_ms)
+    out = plan(loads, **kw)  # type: ignore[arg-type]
+    return out, 1000 * (time.perf_counter() - started)
 
 
-def _oracle_bound(counts: FloatArray, setup: Setup, window: int, warmup: int, dispatch: str) -> float:
-    """Excess of our placement when it knows the next window's mean (what forecasting could reach)."""
-    values, _ = shares(counts)
-    layout = make_layout(
-        counts.shape[1],
-        counts.shape[2],
-        num_gpus=setup.num_gpus,
-        num_nodes=setup.num_nodes,
-        num_redundant=setup.num_redundant,
-        num_groups=setup.num_groups,
+def run_case(
+    counts: FloatArray,
+    window: int,
+    setup: Setup,
+    *,
+    regime: str,
+    seed: int,
+    dispatch: str = "dynamic",
+    inputs: str = "steps",
+) -> Row:
+    """Baseline, ours fresh, ours move-capped, oracle and both fitted on the scored window."""
+    points = rebalance_points(counts.shape[0], window)
+    shape = setup.shape()
+    maps: dict[str, list[IntArray]] = {k: [] for k in ("base", "ours", "capped", "oracle", "base_fit")}
+    times: dict[str, list[float]] = {"ours": [], "capped": [], "base": []}
+    rules: Counter[str] = Counter()
+    for k, t in enumerate(points):
+        windows = window_sums(counts, t, window)
+        steps = step_samples(counts, t - window, window) if inputs == "steps" else None
+        started = time.perf_counter()
+        maps["base"].append(baseline_plan(windows[-1], **shape))
+        times["base"].append(1000 * (time.perf_counter() - started))
+        fresh, ms = _timed(windows, steps=steps, horizon=1, dispatch=dispatch, **shape)
+        maps["ours"].append(fresh.physical_to_logical_map)
+        times["ours"].append(ms)
+        rules[fresh.forecast_rule] += 1
+        if k == 0:
+            maps["capped"].append(fresh.physical_to_logical_map)
+        else:
+            cap = int(MOVE_SHARE * gpu_moves(maps["base"][k - 1], maps["base"][k], setup.num_gpus))
+            prev = maps["capped"][-1]
+            capped, ms = _timed(
+                windows, steps=steps, horizon=1, dispatch=dispatch, current=prev, max_moves=cap, **shape
+            )
+            maps["capped"].append(capped.physical_to_logical_map)
+            times["capped"].append(ms)
+        scored = counts[t : t + window]
+        fit_steps = step_samples(counts, t, window) if inputs == "steps" else None
+        maps["oracle"].append(
+            plan(scored.sum(axis=0), steps=fit_steps, dispatch=dispatch, **shape).physical_to_logical_map
+        )
+        maps["base_fit"].append(baseline_plan(scored.sum(axis=0), **shape))
+    scores = {k: score(counts, v, points, window, setup, dispatch) for k, v in maps.items()}
+    return Row(
+        setup.name,
+        regime,
+        seed,
+        scores["base"],
+        scores["ours"],
+        scores["capped"],
+        scores["oracle"],
+        scores["base_fit"],
+        float(np.mean(times["ours"])),
+        float(np.mean(times["capped"])) if times["capped"] else 0.0,
+        float(np.mean(times["base"])),
+        dict(rules),
     )
-    ratios = []
-    for t in rebalance_points(counts.shape[0], window, warmup):
-        mean = values[t : t + window].mean(axis=0)
-        phy2log = fresh_placement(Forecast(mean, mean[None], 0.0, 0.0, window), layout, dispatch)
-        load = gpu_loads(phy2log, counts[t : t + window], setup.num_gpus, dispatch, setup.num_nodes)
-        ratios.append(imbalance(load).ravel())
-    return float(np.concatenate(ratios).mean() - 1.0)
+
+
+# --- cluster level: several replicas, each its own batch stream of the same traffic --------------
+
+
+@dataclass(frozen=True)
+class ClusterRow:
+    """Excess over every replica's next window, per design, and the share of replicas it made worse."""
+
+    setup: str
+    regime: str
+    seed: int
+    replicas: int
+    engine: float  # each engine's own EPLB on its own last window
+    pool: float  # one operator plan per pool, from all replicas' windows
+    instance: float  # one operator plan per replica: own windows, the pool's as a prior
+    pool_deepseek: float  # DeepSeek EPLB on the pool's last window (only the data differs from engine)
+    worst_pool: float  # the worst replica's ratio pool / engine (over the whole run)
+    worst_instance: float
+
+
+def run_cluster(
+    replicas: Sequence[FloatArray],
+    window: int,
+    setup: Setup,
+    *,
+    regime: str,
+    seed: int,
+    dispatch: str = "dynamic",
+    inputs: str = "steps",
+) -> ClusterRow:
+    """Engine EPLB per replica vs one pool plan vs per-instance plans, on every replica's next window."""
+    shape = setup.shape()
+    points = rebalance_points(replicas[0].shape[0], window)
+    names = [f"r{i}" for i in range(len(replicas))]
+    excess: dict[str, list[list[float]]] = {k: [] for k in ("engine", "pool", "instance", "pool_deepseek")}
+    for t in points:
+        own = {n: window_sums(c, t, window) for n, c in zip(names, replicas, strict=True)}
+        samples = {
+            n: step_samples(c, t - window, window) if inputs == "steps" else None
+            for n, c in zip(names, replicas, strict=True)
+        }
+        pool = np.sum(list(own.values()), axis=0)
+        pool_steps = None
+        if inputs == "steps":
+            pool_steps = np.concatenate([s for s in samples.values() if s is not None])
+        pool_map = plan(pool, steps=pool_steps, horizon=1, dispatch=dispatch, **shape).physical_to_logical_map
+        pool_ds = baseline_plan(pool[-1], **shape)
+        for v in excess.values():
+            v.append([])
+        mine = plan_instances(own, pool=pool, steps=samples, horizon=1, dispatch=dispatch, **shape)
+        for n, c in zip(names, replicas, strict=True):
+            nxt = c[t : t + window]
+
+            def ex(phy2log: IntArray, nxt: FloatArray = nxt) -> float:
+                load = gpu_loads(phy2log, nxt, setup.num_gpus, dispatch, setup.num_nodes)
+                return float(imbalance(load).mean() - 1.0)
+
+            excess["engine"][-1].append(ex(baseline_plan(own[n][-1], **shape)))
+            excess["pool"][-1].append(ex(pool_map))
+            excess["instance"][-1].append(ex(mine[n].physical_to_logical_map))
+            excess["pool_deepseek"][-1].append(ex(pool_ds))
+    per_replica = {k: np.asarray(v).mean(axis=0) for k, v in excess.items()}  # [replicas]
+    return ClusterRow(
+        setup.name,
+        regime,
+        seed,
+        len(replicas),
+        float(per_replica["engine"].mean()),
+        float(per_replica["pool"].mean()),
+        float(per_replica["instance"].mean()),
+        float(per_replica["pool_deepseek"].mean()),
+        float((per_replica["pool"] / per_replica["engine"]).max()),
+        float((per_replica["instance"] / per_replica["engine"]).max()),
+    )
+
+
+# --- planning time at DeepSeek-V3 scale ------------------------------------------------------------
 
 
 def time_planning(
-    num_gpus: int, num_nodes: int, *, layers: int = 58, history: int = 64, repeats: int = 3, seed: int = 0
+    num_gpus: int, num_nodes: int, *, layers: int = 58, repeats: int = 3, seed: int = 0
 ) -> dict[str, float]:
-    """Median wall time (ms) at DeepSeek-V3 scale: 256 experts + 32 redundant, 8 groups."""
+    """Median wall time (ms): 58 layers, 256 experts + 32 redundant, 8 groups, 8 windows + 32 steps held."""
+    from .regimes import synthetic_counts
+
     setup = Setup("V3", 256, 32, num_gpus, num_nodes, 8, num_gpus * 128, num_gpus * 128, 48.0)
-    cfg = trace_config(setup, "steady", window=history // 4, steps=2 * history, layers=layers, seed=seed)
-    counts = generate_trace(cfg).counts
-    first = setup.ours(counts[:history], dispatch="dynamic")
-    later = counts[history:]
-    cap = int(MOVE_SHARE * first.size)
-    runs: dict[str, Callable[[], IntArray]] = {
-        "baseline": partial(setup.baseline, later.sum(axis=0)),
-        "ours dynamic": partial(setup.ours, later, dispatch="dynamic"),
-        "ours static": partial(setup.ours, later, dispatch="static"),
-        "ours +current": partial(setup.ours, later, dispatch="dynamic", current=first, max_moves=cap),
+    window = 16
+    counts = synthetic_counts(setup, "slow", window=window, steps=10 * window, layers=layers, seed=seed)
+    first = window_sums(counts, 9 * window, window)
+    later = window_sums(counts, 10 * window, window)
+    steps = step_samples(counts, 9 * window, window)
+    shape = setup.shape()
+    current = plan(first, horizon=1, dispatch="dynamic", **shape).physical_to_logical_map
+    cap = int(MOVE_SHARE * current.size)
+    runs: dict[str, Callable[[], object]] = {
+        "baseline": lambda: baseline_plan(later[-1], **shape),
+        "ours": lambda: plan(later, steps=steps, horizon=1, dispatch="dynamic", **shape),
+        "ours windows-only": lambda: plan(later, horizon=1, dispatch="dynamic", **shape),
+        "ours from current": lambda: plan(
+            later, steps=steps, horizon=1, dispatch="dynamic", current=current, max_moves=cap, **shape
+        ),
+        "in-engine fallback": lambda: plan(later[-1], dispatch="static", current=current, **shape),
     }
     out = {}
     for name, run in runs.items():
@@ -207,37 +284,4 @@ def time_planning(
     return out
 
 
-def calibration(seed: int = 1) -> str:
-    """How the trace compares with the measured OLMoE numbers it is calibrated to."""
-    cfg = TraceConfig(num_layers=16, num_experts=64, num_steps=256, seed=seed)
-    trace = generate_trace(cfg)
-    peak = trace.popularity.max(axis=-1) * cfg.num_experts  # [D, L]
-    parts = [
-        f"{name} peak/fair {np.median(peak[d]):.1f}x ({peak[d].min():.1f}-{peak[d].max():.1f})"
-        for d, (name, _) in enumerate(cfg.domains)
-    ]
-    pure = replace(cfg, domains=cfg.domains[:1])
-    prose = generate_trace(pure).counts
-    seq = prose.reshape(prose.shape[0], prose.shape[1], 8, -1).sum(axis=-1)
-    parts.append(f"prose EP8 sequential max/mean {imbalance(seq).mean():.2f} (measured 1.32)")
-    return "; ".join(parts)
-
-
-def format_rows(rows: list[Row]) -> str:
-    """A plain-text table; ratios are ours / baseline (lower is better)."""
-    head = (
-        f"{'setup':<6} {'traffic':<9} {'disp':<7} | {'base excess':>11} {'ours':>7} {'ratio':>6} | "
-        f"{'p95 base':>8} {'ours':>6} | {'oracle':>6} | {'moves/plan base':>15} {'ours@25%: excess':>17} "
-        f"{'ratio':>6} {'moves':>6} | {'ms/plan':>7}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        plans = max(1, len(r.baseline.moves) - 1)
-        bound = "   -  " if r.bound is None else f"{r.bound / r.baseline.excess:6.2f}"
-        lines.append(
-            f"{r.setup:<6} {r.regime:<9} {r.dispatch:<7} | {r.baseline.excess:11.4f} {r.ours.excess:7.4f} "
-            f"{r.ours.excess / r.baseline.excess:6.2f} | {r.baseline.p95:8.3f} {r.ours.p95:6.3f} | {bound} | "
-            f"{r.baseline.moved / plans:15.0f} {r.budgeted.excess:17.4f} {r.budgeted.excess / r.baseline.excess:6.2f} "
-            f"{r.budgeted.moved / max(1, r.baseline.moved):6.2f} | {r.plan_ms:7.0f}"
-        )
-    return "\n".join(lines)
+__all__ = ["SETUPS", "ClusterRow", "Row", "Score", "run_case", "run_cluster", "time_planning"]

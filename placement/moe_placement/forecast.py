@@ -1,21 +1,26 @@
-"""Predict the next window's routing from a history of steps, with the errors to hedge.
+"""Predict the next window's routing, choosing how far back to look from the history itself.
 
-Why not the last window's average (what engines do): traffic drifts, so recent steps say
-more about the next window than old ones, but single steps are noisy. The forecast is the
-lookback mean plus a shrunk recent deviation, ``m + a * (ewma_h - m)``; the half-life h and
-the shrink a are fitted by backtesting on the history itself (predict each past block of
-``horizon`` steps from the steps before it). Features use the same lookback length at every
-backtest point, so they mean the same thing there as at the final forecast. (A free
-least-squares blend of several half-lives was tried and overfits.)
+Engines fit the last window (DeepSeek EPLB as SGLang runs it). That is the best forecast
+when traffic moves fast, and a noisy one when it does not. Instead of fixing a rule, every
+plan runs a rolling-origin backtest over the rows it holds: at each of the last few origins
+(one horizon apart) every candidate forecasts the next ``horizon`` rows from the rows
+before the origin, and the candidate with the smallest error wins. Candidates: the last
+``horizon`` rows ("last window only", what engines do), exponentially weighted means with
+half-lives of 1/2, 1, 2 and 4 horizons, and the mean of everything. The error is the
+squared share error per expert divided by its copy count (the error a GPU sees is its
+copies' errors, each split over the expert's copies). Ties and near-ties (within
+``MARGIN``) go to "last window only", so with no signal in the history the planner sees
+what the baseline sees.
 
-The backtest also yields real forecast errors, one [L, E] vector per backtest point. They
-are kept raw, not summarised as a per-expert variance, because their structure is the
-point: when traffic shifts toward one domain, all of that domain's hot experts rise
-together. The planner hedges against ``mean + error_j`` scenarios. (Independent Gaussian
-errors and recent per-step deviations were tried as scenarios and did not help.)
+The backtest also yields the chosen rule's real errors, one [L, E] vector per origin. They
+are kept raw, not summarised as a variance, because their structure is the point: when
+traffic shifts toward one domain, all of that domain's hot experts rise together. With
+per-step samples (``steps``), each scenario adds one step's deviation from the samples'
+mean, so the plan also hedges the spread within a window (one domain's prompts filling a
+prefill step, experts that fire together).
 
-Everything is in shares: each step's counts divided by that step's total per layer, so a
-busy step does not outweigh a quiet one, and balance (max/mean) is scale-free.
+Everything is in shares: each row's counts divided by that row's total per layer, so a
+busy row does not outweigh a quiet one, and balance (max/mean) is scale-free.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ import numpy as np
 
 from .layout import FloatArray
 
-HALF_LIVES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)  # steps, for the recent level
-MAX_SPLITS = 8  # backtest points for fitting h and a
-FIT_LAYERS = 16  # layers used to fit h and a (shared by all layers)
-MAX_SCENARIOS = 10  # the forecast itself plus up to 9 backtest errors
+MAX_ORIGINS = 6  # backtest origins (the last ones, one horizon apart)
+MAX_BLOCKS = 64  # longer histories are averaged into this many blocks first (cost)
+MARGIN = 0.02  # relative backtest advantage a rule needs over "last window only"
+MAX_STEP_SCENARIOS = 32  # per-step samples used as scenarios
+HALF_LIVES = (0.5, 1.0, 2.0, 4.0)  # in horizons
 
 
 @dataclass(frozen=True)
@@ -38,31 +44,39 @@ class Forecast:
 
     mean: FloatArray
     scenarios: FloatArray
-    half_life: float
-    shrink: float
-    horizon: int
+    rule: str  # the candidate the backtest chose
+    horizon: int  # rows of history the forecast is for
+    errors: FloatArray | None = None  # [C] backtest error of each candidate (None without a backtest)
 
 
 def shares(history: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Per-step shares [T, L, E] and a [T, L] 0/1 mask of steps that saw tokens."""
+    """Per-row shares [T, L, E] and a [T, L] 0/1 mask of rows that saw tokens."""
     total = history.sum(axis=-1, keepdims=True)
     seen = total[..., 0] > 0
     out = np.where(total > 0, history / np.where(total > 0, total, 1.0), 1.0 / history.shape[-1])
     return out, seen.astype(np.float64)
 
 
-def ewma_weights(ends: list[int], steps: int, half_lives: tuple[float, ...]) -> FloatArray:
-    """[len(ends), H, T] exponential weights over the steps before each end (newest heaviest)."""
-    t = np.arange(steps, dtype=np.float64)
-    out = np.zeros((len(ends), len(half_lives), steps))
-    for i, end in enumerate(ends):
-        ages = end - 1 - t[:end]
-        out[i, :, :end] = 0.5 ** (ages[None, :] / np.array(half_lives)[:, None])
+def candidate_names(horizon: int) -> list[str]:
+    return ["last", *(f"ewma{h:g}" for h in HALF_LIVES), "mean"]
+
+
+def rule_weights(ends: list[int], steps: int, horizon: int) -> FloatArray:
+    """[J, C, T] weights over the rows before each end, one row of weights per candidate."""
+    names = candidate_names(horizon)
+    out = np.zeros((len(ends), len(names), steps))
+    rows = np.arange(steps, dtype=np.float64)
+    for j, end in enumerate(ends):
+        ages = end - 1 - rows[:end]
+        out[j, 0, max(0, end - horizon) : end] = 1.0
+        for c, half in enumerate(HALF_LIVES, start=1):
+            out[j, c, :end] = 0.5 ** (ages / (half * horizon))
+        out[j, -1, :end] = 1.0
     return out
 
 
 def weighted_mean(weights: FloatArray, values: FloatArray, mask: FloatArray) -> FloatArray:
-    """Weighted means over steps: weights [..., T], values [T, L, E] -> [..., L, E]."""
+    """Weighted means over rows: weights [..., T], values [T, L, E] -> [..., L, E] (rows without tokens skipped)."""
     lead = weights.shape[:-1]
     w = weights.reshape(-1, weights.shape[-1])
     num = (w @ (values * mask[..., None]).reshape(values.shape[0], -1)).reshape(w.shape[0], *values.shape[1:])
@@ -72,73 +86,84 @@ def weighted_mean(weights: FloatArray, values: FloatArray, mask: FloatArray) -> 
     return result
 
 
-def _block_mean(values: FloatArray, mask: FloatArray, start: int, length: int) -> FloatArray:
-    block = slice(start, start + length)
-    out: FloatArray = weighted_mean(np.ones((1, length)), values[block], mask[block])[0]
-    return out
+def blocks(values: FloatArray, mask: FloatArray, horizon: int) -> tuple[FloatArray, FloatArray, int]:
+    """Average a long history into at most MAX_BLOCKS blocks (newest rows kept whole); horizon in blocks."""
+    steps = values.shape[0]
+    size = -(-steps // MAX_BLOCKS)
+    if size <= 1:
+        return values, mask, horizon
+    count = steps // size
+    keep = values[steps - count * size :].reshape(count, size, *values.shape[1:])
+    kmask = mask[steps - count * size :].reshape(count, size, -1)
+    den = kmask.sum(axis=1)
+    num = (keep * kmask[..., None]).sum(axis=1)
+    out = np.where(den[..., None] > 0, num / np.where(den > 0, den, 1.0)[..., None], 1.0 / values.shape[-1])
+    return out, (den > 0).astype(np.float64), max(1, round(horizon / size))
 
 
 def forecast(
-    history: FloatArray, *, horizon: int | None = None, num_scenarios: int = MAX_SCENARIOS
+    history: FloatArray,
+    *,
+    horizon: int | None = None,
+    steps: FloatArray | None = None,
+    weight: FloatArray | None = None,
+    prior: FloatArray | None = None,
 ) -> Forecast:
-    """Forecast the mean share per step over the next ``horizon`` steps (default: an eighth of the history).
+    """Forecast the mean share per step over the next ``horizon`` rows (default: an eighth of the history).
 
-    Works best with a history of about eight horizons: enough backtest points to fit the
-    shrink and to sample the forecast errors the plan is hedged against.
+    ``steps`` [K, L, E]: single engine steps from the newest rows (optional). ``weight``
+    [L, E]: relative cost of an error per expert (default: equal).
     """
     values, mask = shares(history)
-    steps = values.shape[0]
-    horizon = max(1, min(horizon or steps // 8, steps))
-    stride = max(1, horizon // 2)
-    lookback = max(1, min(2 * horizon, steps - horizon - stride))
-    splits = list(range(steps - horizon, lookback - 1, -stride))[:MAX_SPLITS]
-    if steps <= horizon or not splits:
-        mean = weighted_mean(np.ones((1, steps)), values, mask)[0]
-        return Forecast(mean=mean, scenarios=mean[None], half_life=float("inf"), shrink=0.0, horizon=horizon)
-    layers = np.unique(np.linspace(0, values.shape[1] - 1, min(FIT_LAYERS, values.shape[1])).astype(int))
-    half_life, shrink = _fit(values[:, layers], mask[:, layers], splits, lookback, horizon)
-    mean = _predict(values, mask, [steps], lookback, half_life, shrink)[0]
-    # hedge against errors from backtest points spread over the whole history
-    spread = max(1, (steps - horizon - lookback) // max(1, num_scenarios - 2))
-    hedge_splits = list(range(steps - horizon, lookback - 1, -spread))[: max(0, num_scenarios - 1)]
-    scen = [mean[None]]
-    if hedge_splits:
-        target = np.stack([_block_mean(values, mask, s, horizon) for s in hedge_splits])
-        scen.append(mean[None] + target - _predict(values, mask, hedge_splits, lookback, half_life, shrink))
-    scenarios = np.clip(np.concatenate(scen), 0.0, None)
-    return Forecast(mean=mean, scenarios=scenarios, half_life=half_life, shrink=shrink, horizon=horizon)
+    raw_horizon = max(1, min(horizon or values.shape[0] // 8, values.shape[0]))
+    values, mask, horizon = blocks(values, mask, raw_horizon)
+    num_rows = values.shape[0]
+    names = candidate_names(horizon)
+    sources = [(values, mask)]
+    if prior is not None:  # the same rules on another history (the pool's), judged on this one's future
+        pv, pm = shares(prior)
+        sources.append(blocks(pv, pm, raw_horizon)[:2])
+        names += [f"prior-{n}" for n in names]
+    ends = [num_rows - j * horizon for j in range(1, MAX_ORIGINS + 1) if num_rows - j * horizon >= 1]
+    final = np.concatenate(
+        [weighted_mean(rule_weights([num_rows], num_rows, horizon)[0], v, m) for v, m in sources]
+    )  # [C, L, E]
+    if not ends:
+        return Forecast(final[0], _scenarios(final[0], None, steps), "last", horizon)
+    predicted = np.concatenate(
+        [weighted_mean(rule_weights(ends, num_rows, horizon), v, m) for v, m in sources], axis=1
+    )  # [J, C, L, E]
+    target = np.stack(
+        [
+            weighted_mean(np.ones((1, horizon)), values[e : e + horizon], mask[e : e + horizon])[0]
+            for e in ends
+        ]
+    )
+    w = np.ones(values.shape[1:]) if weight is None else weight
+    err = (((predicted - target[:, None]) ** 2) * w).sum(axis=(2, 3)).mean(axis=0)  # [C]
+    best = int(np.argmin(err))
+    if err[0] <= err[best] * (1 + MARGIN):
+        best = 0
+    residual = target - predicted[:, best]  # [J, L, E] the chosen rule's own past errors
+    mean = np.clip(final[best], 0.0, None)
+    return Forecast(mean, _scenarios(mean, residual, steps), names[best], horizon, err)
 
 
-def _features(
-    values: FloatArray, mask: FloatArray, ends: list[int], lookback: int, half_lives: tuple[float, ...]
-) -> tuple[FloatArray, FloatArray]:
-    """Lookback means [J, L, E] and EWMA deviations from them [J, H, L, E] at each end."""
-    steps = values.shape[0]
-    flat = np.zeros((len(ends), steps))
-    for i, end in enumerate(ends):
-        flat[i, end - lookback : end] = 1.0
-    ewma = ewma_weights(ends, steps, half_lives) * flat[:, None, :]
-    base = weighted_mean(flat, values, mask)
-    return base, weighted_mean(ewma, values, mask) - base[:, None]
-
-
-def _fit(
-    values: FloatArray, mask: FloatArray, splits: list[int], lookback: int, horizon: int
-) -> tuple[float, float]:
-    """Half-life and shrink factor with the smallest backtest error (shrink in closed form, clipped to [0, 1])."""
-    base, dev = _features(values, mask, splits, lookback, HALF_LIVES)
-    target = np.stack([_block_mean(values, mask, s, horizon) for s in splits]) - base  # [J, L, E]
-    cross = np.einsum("jhle,jle->h", dev, target)
-    power = np.einsum("jhle,jhle->h", dev, dev)
-    shrink = np.clip(cross / np.where(power > 0, power, 1.0), 0.0, 1.0)
-    error = ((target[:, None] - shrink[None, :, None, None] * dev) ** 2).sum(axis=(0, 2, 3))
-    best = int(np.argmin(error))
-    return HALF_LIVES[best], float(shrink[best])
-
-
-def _predict(
-    values: FloatArray, mask: FloatArray, ends: list[int], lookback: int, half_life: float, shrink: float
-) -> FloatArray:
-    base, dev = _features(values, mask, ends, lookback, (half_life,))
-    out: FloatArray = np.clip(base + shrink * dev[:, 0], 0.0, None)
+def _scenarios(mean: FloatArray, residual: FloatArray | None, steps: FloatArray | None) -> FloatArray:
+    """The forecast itself, the forecast plus each past error, and (with steps) plus a step's spread each."""
+    parts = [mean[None]]
+    if residual is not None:
+        parts.append(mean[None] + residual)
+    if steps is not None and steps.shape[0] > 1:
+        per_step, _ = shares(steps)
+        if per_step.shape[0] > MAX_STEP_SCENARIOS:
+            per_step = per_step[np.linspace(0, per_step.shape[0] - 1, MAX_STEP_SCENARIOS).astype(int)]
+        spread = per_step - per_step.mean(axis=0)
+        level = (
+            mean[None]
+            if residual is None
+            else mean[None] + residual[np.arange(spread.shape[0]) % residual.shape[0]]
+        )
+        parts.append(level + spread)
+    out: FloatArray = np.clip(np.concatenate(parts), 0.0, None)
     return out

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .forecast import Forecast
-from .layout import IntArray, Layout
-from .packing import Bins, lpt, refine, refine_scenarios
+from .layout import FloatArray, IntArray, Layout
+from .packing import Bins, lpt
+from .search import pair_refine
 from .solve import solve_rows
 
 
-def fresh_placement(fc: Forecast, layout: Layout, dispatch: str) -> IntArray:
-    """phy2log [L, P] from scratch (no regard for the current placement)."""
-    scen = fc.scenarios.transpose(1, 0, 2)  # [L, K, E]
-    mean = fc.mean
-    num_layers, num_slots = layout.num_layers, layout.num_slots
+def place_rows(mean: FloatArray, scen: FloatArray, layout: Layout, dispatch: str) -> IntArray:
+    """phy2log [B, P] for B independent layers: mean [B, E], scenarios [B, K, E]."""
+    num_layers, num_slots = mean.shape[0], layout.num_slots
     if layout.hierarchical:
         experts = node_experts(mean, scen, layout)  # [L, N, E/N]
-        rows = layout.num_layers * layout.num_nodes
+        rows = num_layers * layout.num_nodes
         local = experts.reshape(rows, -1)
         row_mean = np.take_along_axis(np.repeat(mean, layout.num_nodes, axis=0), local, axis=1)
         row_scen = np.take_along_axis(
@@ -54,7 +52,7 @@ def node_experts(mean: np.ndarray, scen: np.ndarray, layout: Layout) -> IntArray
     group_scen = scen.reshape(num_layers, scen.shape[1], groups, size).sum(axis=3)
     ids = np.broadcast_to(np.arange(groups), (num_layers, groups)).copy()
     bins = Bins(nodes, groups // nodes, np.arange(nodes))
-    placed = refine(group_load, ids, groups, bins, lpt(group_load, ids, groups, bins))  # [L, N, groups/node]
-    placed = refine_scenarios(group_scen, ids, groups, bins, placed)
+    placed = lpt(group_load, ids, groups, bins)  # [L, N, groups/node]
+    placed = pair_refine(group_scen.transpose(0, 2, 1), ids, groups, bins, placed)
     members: IntArray = (placed[..., None] * size + np.arange(size)).reshape(num_layers, nodes, -1)
     return members

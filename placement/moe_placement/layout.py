@@ -145,3 +145,19 @@ def expert_counts(phy2log: IntArray, num_experts: int) -> IntArray:
     offsets = (np.arange(num_layers, dtype=np.int64) * num_experts)[:, None]
     flat = np.bincount((phy2log + offsets).ravel(), minlength=num_layers * num_experts)
     return flat.reshape(num_layers, num_experts).astype(np.int64)
+
+
+def check_steps(steps: object, shape: tuple[int, ...]) -> FloatArray:
+    """Per-step samples [K, L, E] matching the history's layers and experts."""
+    arr = as_history(steps)
+    if arr.shape[1:] != tuple(shape):
+        raise ValueError(f"steps must have shape [K, {shape[0]}, {shape[1]}], got {list(arr.shape)}")
+    return arr
+
+
+def check_prior(prior: object, shape: tuple[int, ...]) -> FloatArray:
+    """A prior history (e.g. the pool's) with the same rows, layers and experts as the history."""
+    arr = as_history(prior)
+    if arr.shape != tuple(shape):
+        raise ValueError(f"prior must have the history's shape {list(shape)}, got {list(arr.shape)}")
+    return arr

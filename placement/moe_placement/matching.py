@@ -18,7 +18,7 @@ import numpy as np
 from .layout import FloatArray, IntArray, Layout
 from .one_slot import keep_positions
 
-MAX_EXACT = 96  # larger assignment problems use a greedy largest-overlap matching
+MAX_EXACT = 16  # larger assignment problems use a greedy largest-overlap matching (the exact solver is O(n^3) in Python loops)
 
 
 def hungarian(cost: FloatArray) -> IntArray:
@@ -99,7 +99,7 @@ def greedy_match(overlap: FloatArray) -> IntArray:
     return assign
 
 
-def _assign(overlap: FloatArray) -> IntArray:
+def assign_max_overlap(overlap: FloatArray) -> IntArray:
     """Rows (new) to columns (old) maximising total overlap."""
     if overlap.shape[1] <= MAX_EXACT:
         return hungarian(overlap.max() - overlap)
@@ -126,7 +126,7 @@ def _permute_groups(new: IntArray, old: IntArray, num_experts: int) -> IntArray:
     """Reorder groups (axis 1) of ``new`` [B, n, k] so group j lands where old group j is."""
     if new.shape[2] == 1:  # one slot per GPU: matching by expert id is optimal
         return keep_positions(new[..., 0], old[..., 0])[..., None]
-    assign = _assign(_overlap(new, old, num_experts))
+    assign = assign_max_overlap(_overlap(new, old, num_experts))
     out = np.empty_like(new)
     out[np.arange(new.shape[0])[:, None], assign] = new
     return out

@@ -124,3 +124,23 @@ def balancedness(
 def moved_slots(old: IntArray, new: IntArray) -> int:
     """Slots whose logical expert changes (each needs an expert's weights copied in)."""
     return int(np.count_nonzero(np.asarray(old) != np.asarray(new)))
+
+
+def gpu_moves(old: IntArray, new: IntArray, num_gpus: int) -> int:
+    """Expert copies GPUs must load to go from ``old`` to ``new`` [L, P]: per GPU, the copies of
+    experts it did not hold before (reordering slots inside a GPU loads nothing)."""
+    return int(gpu_moves_per_layer(old, new, num_gpus).sum())
+
+
+def gpu_moves_per_layer(old: IntArray, new: IntArray, num_gpus: int) -> IntArray:
+    """Per layer [L], the expert copies GPUs must load to go from ``old`` to ``new`` (multiset difference per GPU)."""
+    old_arr, new_arr = np.asarray(old, dtype=np.int64), np.asarray(new, dtype=np.int64)
+    num_layers, num_slots = new_arr.shape
+    slots = num_slots // num_gpus
+    o = old_arr.reshape(num_layers, num_gpus, slots)
+    n = new_arr.reshape(num_layers, num_gpus, slots)
+    in_new = (n[..., :, None] == n[..., None, :]).sum(axis=-1)  # [L, G, S]: copies of slot j's expert in new
+    in_old = (n[..., :, None] == o[..., None, :]).sum(axis=-1)
+    per_slot = np.maximum(in_new - in_old, 0) / in_new
+    out: IntArray = np.rint(per_slot.reshape(num_layers, -1).sum(axis=1)).astype(np.int64)
+    return out

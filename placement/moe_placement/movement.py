@@ -1,27 +1,27 @@
-"""Decide, layer by layer, how far to move from the current placement.
+"""Decide, layer by layer, how far to move from the current placement (each loaded copy costs a transfer).
 
-Four candidates per layer: keep it, improve it in place with few moves (incremental),
-re-pack it toward the forecast's copy counts within an even share of the budget (guided),
-or take the fresh plan relabelled to share as many slots as possible with it (matching).
-They are compared on the forecast scenarios under the real dispatch rule; a layer changes
-only when its predicted gain clears ``min_layer_gain`` (hysteresis: small gains are not
-worth the weight transfers and the stall), and all layers together stay within
-``max_moves`` moved slots.
+Three options per layer: keep it; repair it within an even share of the move budget; or
+take the fresh plan relabelled to share as many slots with it as possible (matching.py).
+Repair first relabels spare copies toward the fresh plan's copy counts (one copy loaded
+each), then exchanges copies between GPUs on the forecast scenarios (search.py, two copies
+loaded each) while the share lasts. The options are compared on the forecast scenarios
+under the real dispatch rule; a layer changes only when its predicted gain clears
+``min_layer_gain`` (small gains are not worth the transfers), and all layers together
+stay within ``max_moves`` loaded copies: first every layer's best option within its
+share, then the budget left goes to the upgrades with the most gain per extra copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from .forecast import Forecast
-from .guided import guided_rows
-from .incremental import improve
-from .layout import BoolArray, FloatArray, IntArray, Layout
-from .matching import match_to_current
-from .metrics import gpu_loads, imbalance
-from .packing import Bins
+from .layout import BoolArray, FloatArray, IntArray, Layout, expert_counts
+from .matching import align_slots, assign_max_overlap, match_to_current
+from .metrics import gpu_loads, gpu_moves_per_layer, imbalance
+from .packing import Bins, lpt
+from .search import expected_peak, gpu_scenario_loads, pair_refine
+from .solve import item_loads
 
 TIE = 1e-3  # relative objective difference treated as a tie (then fewer moves wins)
 
@@ -43,54 +43,43 @@ def respect_current(
     min_layer_gain: float,
 ) -> tuple[IntArray, BoolArray]:
     """Final map [L, P] and which layers changed."""
-    incremental = improve_current(current, fc, layout, dispatch, max_moves)
-    rows = layout.num_layers * (layout.num_nodes if layout.hierarchical else 1)
-    share = None if max_moves is None else max_moves // rows  # guided_rows budgets each row
-    guided = current  # with one slot per GPU, incremental already exchanges copies exactly
-    if layout.slots_per_gpu > 1:
-        guided = improve_current(current, fc, layout, dispatch, share, solver=guided_rows)
+    num_layers = layout.num_layers
+    share = layout.num_slots if max_moves is None else max_moves // num_layers
+    target = expert_counts(fresh, layout.num_experts)
+    repaired = repair_current(current, target, fc, layout, dispatch, share)
     matched = match_to_current(fresh, current, layout, dispatch)
-    options = np.stack([current, incremental, guided, matched])  # [4, L, P]
-    obj = np.stack([expected_imbalance(m, fc, layout, dispatch) for m in options])  # [4, L]
-    cost = (options != current[None]).sum(axis=2).astype(float)
-    layers = np.arange(layout.num_layers)
+    options = np.stack([current, repaired, matched])  # [3, L, P]
+    obj = np.stack([expected_imbalance(m, fc, layout, dispatch) for m in options])  # [3, L]
+    cost = np.stack([gpu_moves_per_layer(current, m, layout.num_gpus) for m in options]).astype(float)
+    layers = np.arange(num_layers)
     if max_moves is None:
         near_best = obj <= obj.min(axis=0, keepdims=True) * (1 + TIE)
         choice = np.argmin(np.where(near_best, cost, np.inf), axis=0)
     else:
-        choice = np.where(obj[1] < obj[0], 1, 0)
+        within = (cost <= share) & (obj <= obj[0] * (1 + 1e-12))
+        choice = np.argmin(np.where(within, obj, np.inf), axis=0)
         spent = float(cost[choice, layers].sum())
-        # upgrades (layer, option), best gain per extra move first, against the first choice
-        opts = np.array([2, 3])
-        gain = obj[choice, layers][None, :] - obj[opts]  # [2, L]
-        extra = cost[opts] - cost[choice, layers][None, :]
+        # upgrades (option, layer), best gain per extra move first
+        gain = obj[choice, layers][None, :] - obj
+        extra = cost - cost[choice, layers][None, :]
         order = np.argsort(-(gain / np.maximum(extra, 1.0)).ravel(), kind="stable")
         for k in order:
-            o, layer = opts[k // layout.num_layers], k % layout.num_layers
+            o, layer = divmod(int(k), num_layers)
             more = cost[o, layer] - cost[choice[layer], layer]
             if obj[o, layer] < obj[choice[layer], layer] and spent + more <= max_moves:
                 spent += more
                 choice[layer] = o
     base = obj[0]
     rel_gain = (base - obj[choice, layers]) / np.maximum(base, 1e-300)
-    keep = (rel_gain < min_layer_gain) | (rel_gain <= 0)
-    choice = np.where(keep, 0, choice)
+    choice = np.where((rel_gain < min_layer_gain) | (rel_gain <= 0), 0, choice)
     final = options[choice, layers]
     return final, (final != current).any(axis=1)
 
 
-RowSolver = Callable[[IntArray, FloatArray, FloatArray, Bins, "int | None"], IntArray]
-
-
-def improve_current(
-    current: IntArray,
-    fc: Forecast,
-    layout: Layout,
-    dispatch: str,
-    budget: int | None,
-    solver: RowSolver = improve,
+def repair_current(
+    current: IntArray, target: IntArray, fc: Forecast, layout: Layout, dispatch: str, budget: int
 ) -> IntArray:
-    """Improve ``current`` with ``solver`` (on rows of GPUs) within the placement rules (see placement.py)."""
+    """``current`` moved toward ``target`` copy counts and the scenarios, at most ``budget`` loads per layer."""
     num_layers = layout.num_layers
     mean, scen = fc.mean, fc.scenarios.transpose(1, 0, 2)
     slots, per_node, nodes = layout.slots_per_gpu, layout.gpus_per_node, layout.num_nodes
@@ -98,9 +87,10 @@ def improve_current(
         by_node = dispatch == "static" and nodes > 1
         domain = np.arange(layout.num_gpus) // per_node if by_node else np.arange(layout.num_gpus)
         state = current.reshape(num_layers, layout.num_gpus, slots)
-        out = solver(state, scen, mean, Bins(layout.num_gpus, slots, domain), budget)
+        bins = Bins(layout.num_gpus, slots, domain)
+        out = repair_rows(state, target, mean, scen, bins, np.full(num_layers, budget))
         return out.reshape(num_layers, -1)
-    # hierarchical: improve inside each node, on layers whose groups sit whole on one node
+    # hierarchical: repair inside each node, on layers whose groups sit whole on one node
     size = layout.num_experts // layout.num_groups
     node_of_slot = np.arange(layout.num_slots) // (per_node * slots)
     group = current // size
@@ -117,21 +107,141 @@ def improve_current(
     # node-local expert ids: the node's groups in ascending order
     groups_of_node = np.argsort(home[idx], axis=1, kind="stable").reshape(idx.size, nodes, -1)
     experts = (groups_of_node[..., None] * size + np.arange(size)).reshape(idx.size * nodes, -1)  # [R, E/N]
-    to_local = np.zeros((idx.size * nodes, layout.num_experts), dtype=np.int64)
-    np.put_along_axis(to_local, experts, np.broadcast_to(np.arange(experts.shape[1]), experts.shape), axis=1)
-    state = current[idx].reshape(idx.size * nodes, per_node, slots)
-    state_local = np.take_along_axis(to_local, state.reshape(idx.size * nodes, -1), axis=1).reshape(
-        state.shape
-    )
-    row_mean = np.take_along_axis(np.repeat(mean[idx], nodes, axis=0), experts, axis=1)
     rows = experts.shape[0]
+    to_local = np.zeros((rows, layout.num_experts), dtype=np.int64)
+    np.put_along_axis(to_local, experts, np.broadcast_to(np.arange(experts.shape[1]), experts.shape), axis=1)
+    state = current[idx].reshape(rows, per_node, slots)
+    state_local = np.take_along_axis(to_local, state.reshape(rows, -1), axis=1).reshape(state.shape)
+    row_mean = np.take_along_axis(np.repeat(mean[idx], nodes, axis=0), experts, axis=1)
+    row_target = np.take_along_axis(np.repeat(target[idx], nodes, axis=0), experts, axis=1)
     row_scen = np.take_along_axis(
         np.repeat(scen[idx], nodes, axis=0),
         np.broadcast_to(experts[:, None, :], (rows, scen.shape[1], experts.shape[1])),
         axis=2,
     )
+    # a node whose target counts do not fill its slots keeps its own counts
+    fits = row_target.sum(axis=1) == per_node * slots
+    row_target = np.where(
+        fits[:, None], row_target, expert_counts(state_local.reshape(rows, -1), experts.shape[1])
+    )
     bins = Bins(per_node, slots, np.arange(per_node))
-    better = solver(state_local, row_scen, row_mean, bins, budget)
-    glob = np.take_along_axis(experts, better.reshape(idx.size * nodes, -1), axis=1)
+    share = np.full(rows, budget // nodes)
+    better = repair_rows(state_local, row_target, row_mean, row_scen, bins, share)
+    glob = np.take_along_axis(experts, better.reshape(rows, -1), axis=1)
     out[idx] = glob.reshape(idx.size, -1)
     return out
+
+
+def repair_rows(
+    state: IntArray, target: IntArray, mean: FloatArray, scen: FloatArray, bins: Bins, budget: IntArray
+) -> IntArray:
+    """Rows of GPUs [B, G, S]: relabel spare copies toward ``target`` [B, E], then exchange copies on scenarios."""
+    rows, num_gpus, slots = state.shape
+    num_experts = mean.shape[1]
+    flat = state.reshape(rows, -1).copy()
+    left = np.asarray(budget, dtype=np.int64).copy()
+    counts = expert_counts(flat, num_experts)
+    slot_dom = np.repeat(bins.domain, slots)
+    held = np.zeros((rows, bins.num_domains, num_experts), dtype=np.int64)
+    np.add.at(held, (np.arange(rows)[:, None], slot_dom[None, :], flat), 1)
+    row_ids = np.arange(rows)
+    for _ in range(int(np.abs(counts - target).sum(axis=1).max(initial=0)) // 2 + 1):
+        need = counts < target
+        go = need.any(axis=1) & (left > 0)
+        if not go.any():
+            break
+        # the neediest expert (most load per copy) takes the spare copy whose GPU ends up lightest
+        y = np.argmax(np.where(need, mean / counts, -np.inf), axis=1)
+        spare = (np.take_along_axis(counts, flat, axis=1) > np.take_along_axis(target, flat, axis=1)) & (
+            held[row_ids[:, None], slot_dom[None, :], y[:, None]] == 0
+        )
+        per_copy = mean / counts
+        slot_load = np.take_along_axis(per_copy, flat, axis=1)
+        gpu_load = slot_load.reshape(rows, num_gpus, slots).sum(axis=2)
+        # receiving GPU: loses the spare copy, gains a copy of y; the donor expert's other copies grow
+        y_new = np.take_along_axis(mean, y[:, None], axis=1) / (
+            np.take_along_axis(counts, y[:, None], axis=1) + 1
+        )
+        receive = np.repeat(gpu_load, slots, axis=1) - slot_load + y_new
+        top = np.full((rows, num_experts), -np.inf)
+        np.maximum.at(top, (row_ids[:, None], flat), np.repeat(gpu_load, slots, axis=1))
+        raise_base = mean / np.maximum(counts - 1, 1)  # a donor's per-copy load after it gives a copy
+        raised = np.take_along_axis(top + raise_base - per_copy, flat, axis=1)
+        pos = np.argmin(np.where(spare, np.maximum(receive, raised), np.inf), axis=1)
+        go &= spare[row_ids, pos]
+        # only where it lowers the larger per-copy load of the two experts (a real shift, not a tie)
+        x_new = np.take_along_axis(raise_base, np.take_along_axis(flat, pos[:, None], axis=1), axis=1)[:, 0]
+        go &= np.maximum(x_new, y_new[:, 0]) < np.take_along_axis(per_copy, y[:, None], axis=1)[:, 0] * (
+            1 - 1e-9
+        )
+        r, p = row_ids[go], pos[go]
+        x = flat[r, p]
+        counts[r, x] -= 1
+        counts[r, y[go]] += 1
+        held[r, slot_dom[p], x] -= 1
+        held[r, slot_dom[p], y[go]] += 1
+        flat[r, p] = y[go]
+        left[r] -= 1
+        if not go.any():
+            break
+    if slots == 1:
+        return flat.reshape(state.shape)
+    if bins.num_domains == num_gpus:  # conflict domain = GPU: a subset can be re-packed on its own
+        flat, left = repack_subset(flat, counts, mean, scen, bins, left, state.reshape(rows, -1))
+    loads = item_loads(scen, counts, flat)  # items are the slots themselves
+    start = np.broadcast_to(np.arange(flat.shape[1]).reshape(1, num_gpus, slots), state.shape).copy()
+    order = pair_refine(loads, flat, num_experts, bins, start, swaps=np.maximum(left, 0) // 2)
+    return np.take_along_axis(flat, order.reshape(rows, -1), axis=1).reshape(state.shape)
+
+
+def repack_subset(
+    flat: IntArray,
+    counts: IntArray,
+    mean: FloatArray,
+    scen: FloatArray,
+    bins: Bins,
+    left: IntArray,
+    original: IntArray,
+) -> tuple[IntArray, IntArray]:
+    """Re-pack the copies of the busiest and the idlest GPUs together (a large step local
+    exchanges cannot make), matched back onto those GPUs so that few copies actually move.
+
+    Kept per row where it lowers the expected peak within the row's budget. Returns the rows
+    and the budget left.
+    """
+    rows, total = flat.shape
+    slots, num_gpus = bins.slots, bins.num_gpus
+    num_experts = mean.shape[1]
+    k = int(min(num_gpus // 2, max(0, int(left.max(initial=0))) // (2 * slots)))
+    if k < 1:
+        return flat, left
+    loads = item_loads(scen, counts, flat)  # [B, I, K]
+    layout = np.arange(total).reshape(1, num_gpus, slots).repeat(rows, axis=0)
+    gpu_load = gpu_scenario_loads(loads, layout)  # [B, G, K]
+    before = expected_peak(gpu_load)
+    order = np.argsort(-gpu_load.mean(axis=2), axis=1, kind="stable")
+    chosen = np.concatenate([order[:, :k], order[:, -k:]], axis=1)  # [B, 2k]
+    items = (chosen[:, :, None] * slots + np.arange(slots)).reshape(rows, -1)  # slot positions
+    sub_expert = np.take_along_axis(flat, items, axis=1)
+    sub_load = np.take_along_axis(loads, items[:, :, None], axis=1)
+    sub_bins = Bins(2 * k, slots, np.arange(2 * k))
+    weight = sub_load.mean(axis=2)
+    placed = pair_refine(
+        sub_load, sub_expert, num_experts, sub_bins, lpt(weight, sub_expert, num_experts, sub_bins)
+    )
+    new_sub = np.take_along_axis(sub_expert, placed.reshape(rows, -1), axis=1).reshape(rows, 2 * k, slots)
+    old_sub = np.take_along_axis(flat, items, axis=1).reshape(rows, 2 * k, slots)
+    overlap = (
+        (new_sub[:, :, None, :, None] == old_sub[:, None, :, None, :]).any(axis=4).sum(axis=3).astype(float)
+    )
+    assign = assign_max_overlap(overlap)
+    moved = np.empty_like(new_sub)
+    moved[np.arange(rows)[:, None], assign] = new_sub
+    moved = align_slots(moved, old_sub)
+    trial = flat.copy()
+    np.put_along_axis(trial, items, moved.reshape(rows, -1), axis=1)
+    after = expected_peak(gpu_scenario_loads(item_loads(scen, counts, trial), layout))
+    extra = gpu_moves_per_layer(original, trial, num_gpus) - gpu_moves_per_layer(original, flat, num_gpus)
+    take = (after < before * (1 - 1e-9)) & (extra <= left)
+    out = np.where(take[:, None], trial, flat)
+    return out, left - np.where(take, extra, 0)

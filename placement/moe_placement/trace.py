@@ -120,11 +120,31 @@ def batch_mix(global_mix: FloatArray, config: TraceConfig, rng: np.random.Genera
     return out
 
 
-def generate_trace(config: TraceConfig) -> Trace:
-    """Draw a trace; the same config (seed included) always gives the same counts."""
+def generate_trace(
+    config: TraceConfig,
+    *,
+    global_mix: FloatArray | None = None,
+    volume: FloatArray | None = None,
+    replica: int = 0,
+) -> Trace:
+    """Draw a trace; the same config (seed included) always gives the same counts.
+
+    ``global_mix`` [T, D] replaces the drifting mix (wave plus walk) by a given schedule;
+    ``volume`` [T] scales the tokens of each step (bursty load). Both default to the model above.
+    ``replica`` > 0 draws another engine's batches of the same traffic: the same domains and
+    global mix, its own sequences, jitter and sampling.
+    """
     rng = np.random.default_rng(config.seed)
     popularity = domain_popularity(config, rng)
-    mix = batch_mix(traffic_mix(config, rng), config, rng)
+    steps, domains = config.num_steps, len(config.domains)
+    if global_mix is not None and np.shape(global_mix) != (steps, domains):
+        raise ValueError(f"global_mix must have shape [{steps}, {domains}], got {list(np.shape(global_mix))}")
+    if volume is not None and np.shape(volume) != (steps,):
+        raise ValueError(f"volume must have shape [{steps}], got {list(np.shape(volume))}")
+    wanted = traffic_mix(config, rng) if global_mix is None else np.asarray(global_mix, dtype=np.float64)
+    if replica:
+        rng = np.random.default_rng((config.seed, replica))
+    mix = batch_mix(wanted, config, rng)
     prob = np.einsum("td,dle->tle", mix, popularity)
     if config.expert_jitter > 0:
         decay = np.exp(-1.0 / max(config.sequence_steps, 1.0))
@@ -135,5 +155,7 @@ def generate_trace(config: TraceConfig) -> Trace:
             jitter = decay * jitter + rng.standard_normal(shape) * scale
             prob[t] *= np.exp(jitter)
         prob /= prob.sum(axis=-1, keepdims=True)
-    counts = rng.poisson(prob * (config.tokens_per_step * config.top_k)).astype(np.float64)
+    scale = float(config.tokens_per_step * config.top_k)
+    per_step = scale if volume is None else scale * np.asarray(volume, dtype=np.float64)[:, None, None]
+    counts = rng.poisson(prob * per_step).astype(np.float64)
     return Trace(counts=counts, mix=mix, popularity=popularity, config=config)

@@ -51,8 +51,43 @@ def test_plan_reports_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert not out.exists()
 
 
-def test_bench_prints_a_side_by_side_table(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["eplb", "bench", "--setups", "EP8", "--regimes", "shifting", "--windows", "2", "--layers", "2"]
-    assert main([*args, "--timing", "none"]) == 0
+def test_bench_prints_side_by_side_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "eplb",
+        "bench",
+        "--suite",
+        "synthetic,real,cluster",
+        "--seeds",
+        "1",
+        "--setups",
+        "EP8",
+        "--regimes",
+        "fast",
+        "--real-setups",
+        "R8",
+        "--modes",
+        "prefill",
+        "--schedules",
+        "walk",
+        "--cluster",
+        "real:R8:prefill-walk",
+        "--replicas",
+        "2",
+        "--affinity",
+        "0",
+        "--windows",
+        "1",
+        "--layers",
+        "2",
+    ]
+    assert main(args) == 0
     text = capsys.readouterr().out
-    assert "EP8" in text and "shifting" in text and "ratio" in text
+    for part in ("EP8", "fast", "prefill-walk", "oracle", "captured", "per instance", "geometric mean"):
+        assert part in text
+
+
+def test_bench_reports_bad_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eplb", "bench", "--regimes", "calm"]) == 2
+    assert "--regimes: unknown ['calm']" in capsys.readouterr().err
+    assert main(["eplb", "bench", "--seeds", "x"]) == 2
+    assert "--seeds must be" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import pytest
 
 from moe_placement import Plan, balancedness, gpu_loads, plan
 from moe_placement.layout import expert_counts
+from moe_placement.metrics import gpu_moves
 
 TOY = np.array([[600.0, 560, 120, 120, 20, 10, 10, 10]])
 
@@ -116,6 +117,8 @@ def test_moves_from_a_bad_placement_pay_off_and_respect_the_cap() -> None:
     before = balancedness(trivial, loads.mean(0), 8)
     for cap in (0, 4, 20, None):
         result = kw(loads, current=trivial, max_moves=cap)
+        assert result.moved_slots == gpu_moves(trivial, result.physical_to_logical_map, 8)
+        # an expert that stays on its GPU keeps its slot, so moved copies are changed slots
         assert result.moved_slots == int((result.physical_to_logical_map != trivial).sum())
         assert cap is None or result.moved_slots <= cap
         np.testing.assert_array_equal(

@@ -46,22 +46,45 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", required=True, type=Path)
     p.set_defaults(func=run_plan)
 
-    b = sub.add_parser("bench", help="side-by-side table: ours vs DeepSeek EPLB on synthetic traces")
-    b.add_argument("--seed", type=int, default=1)
-    b.add_argument("--window", type=int, default=64, help="steps between rebalances")
-    b.add_argument("--windows", type=int, default=8, help="rebalances scored per row")
-    b.add_argument("--layers", type=int, default=8, help="MoE layers simulated per row")
-    b.add_argument("--setups", default="EP8,EP32,EP72,EP144")
-    b.add_argument("--regimes", default="steady,shifting")
-    b.add_argument("--dispatch", choices=("dynamic", "static", "both"), default="dynamic")
-    b.add_argument(
-        "--bound",
-        action="store_true",
-        help="also score our packer told the true next-window mean (oracle column)",
+    b = sub.add_parser(
+        "bench",
+        help="side-by-side tables: ours vs DeepSeek EPLB (as engines run it) on future traffic",
+        description="Fit on the past, score on the next window. Defaults: the holdout seeds and every "
+        "regime and schedule (the development set is --seeds dev with DEV regimes; see docs/placement.md).",
     )
     b.add_argument(
-        "--timing", choices=("all", "288", "none"), default="all", help="DeepSeek-V3-scale planning time"
+        "--suite",
+        default="synthetic,real,packing,cluster,timing",
+        help="comma list of synthetic, real, packing, cluster, timing",
     )
+    b.add_argument("--seeds", default="holdout", help="holdout (101,102,103), dev (1,2,3) or a comma list")
+    b.add_argument("--setups", default="EP8,EP32,EP32flat,EP72,EP144", help="synthetic deployments")
+    b.add_argument(
+        "--regimes",
+        default="stationary,slow,fast,phases,shift,bursty",
+        help="synthetic regimes (dev: stationary,slow,fast,phases)",
+    )
+    b.add_argument("--real-setups", default="R8,R16", help="real-routing deployments (64 experts)")
+    b.add_argument("--modes", default="decode,prefill", help="real-routing batching")
+    b.add_argument(
+        "--schedules",
+        default="uniform,single,phases,walk,diurnal,shift,burst",
+        help="real-routing traffic-mix schedules (dev: uniform,single,phases,walk)",
+    )
+    b.add_argument("--packing-setups", default="EP8,EP32,EP72,EP144,EP288")
+    b.add_argument("--cluster", default="real:R8:decode-walk,real:R8:prefill-walk,synthetic:EP8:fast")
+    b.add_argument("--replicas", default="2,4,8")
+    b.add_argument("--affinity", default="0,0.5", help="share of a replica's traffic from its home domain")
+    b.add_argument("--layers", type=int, default=4, help="MoE layers simulated per synthetic case")
+    b.add_argument("--windows", type=int, default=8, help="rebalances scored per case")
+    b.add_argument("--dispatch", choices=("dynamic", "static"), default="dynamic")
+    b.add_argument(
+        "--inputs",
+        choices=("steps", "windows"),
+        default="steps",
+        help="what the planner holds: window sums plus step samples, or window sums only",
+    )
+    b.add_argument("--timing", choices=("all", "288"), default="all", help="sizes for the timing suite")
     b.set_defaults(func=run_bench)
 
 
@@ -108,56 +131,107 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    from moe_placement.bench import SETUPS, calibration, compare, format_rows, time_planning
+def _ints(text: str, name: str, known: dict[str, tuple[int, ...]] | None = None) -> list[int]:
+    if known and text in known:
+        return list(known[text])
+    try:
+        return [int(v) for v in text.split(",") if v]
+    except ValueError as exc:
+        raise ValueError(
+            f"--{name} must be a comma list of integers{' or ' + '/'.join(known) if known else ''}"
+        ) from exc
 
-    names = [s for s in args.setups.split(",") if s]
-    unknown = [s for s in names if s not in SETUPS]
+
+def _names(text: str, name: str, known: object) -> list[str]:
+    out = [v for v in text.split(",") if v]
+    unknown = [v for v in out if v not in known]  # type: ignore[operator]
     if unknown:
-        print(f"error: unknown setups {unknown}; known: {sorted(SETUPS)}", file=sys.stderr)
+        raise ValueError(f"--{name}: unknown {unknown}; known: {sorted(known)}")  # type: ignore[call-overload]
+    return out
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from moe_placement import report
+    from moe_placement.regimes import (
+        DEV_SEEDS,
+        HOLDOUT_SEEDS,
+        REAL,
+        REAL_SETUPS,
+        SETUPS,
+        SYNTHETIC_REGIMES,
+    )
+    from moe_placement.routing import SCHEDULES
+
+    try:
+        suites = _names(args.suite, "suite", ("synthetic", "real", "packing", "cluster", "timing"))
+        seeds = _ints(args.seeds, "seeds", {"dev": DEV_SEEDS, "holdout": HOLDOUT_SEEDS})
+        setups = _names(args.setups, "setups", SETUPS)
+        regimes = _names(args.regimes, "regimes", SYNTHETIC_REGIMES)
+        real_setups = _names(args.real_setups, "real-setups", REAL_SETUPS)
+        modes = _names(args.modes, "modes", REAL)
+        schedules = _names(args.schedules, "schedules", SCHEDULES)
+        packing = _names(args.packing_setups, "packing-setups", SETUPS)
+        replicas = _ints(args.replicas, "replicas")
+        affinity = [float(v) for v in args.affinity.split(",") if v]
+        cases = []
+        for spec in (c for c in args.cluster.split(",") if c):
+            kind, name, traffic = spec.split(":")
+            if kind not in ("real", "synthetic") or name not in (REAL_SETUPS if kind == "real" else SETUPS):
+                raise ValueError(f"--cluster: bad case {spec!r} (kind:setup:traffic)")
+            cases.append((kind, name, traffic))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    dispatches = ("dynamic", "static") if args.dispatch == "both" else (args.dispatch,)
-    print(f"trace calibration: {calibration(args.seed)}")
+    kw = {"windows": args.windows, "dispatch": args.dispatch, "inputs": args.inputs}
     print(
-        f"future-window scoring: window {args.window} steps, {args.windows} rebalances, {args.layers} layers, "
-        f"seed {args.seed}; excess = mean over steps and layers of max/mean - 1 (lower is better)\n"
+        f"seeds {seeds}; planner holds {'8 window sums + 32 step samples of the last window' if args.inputs == 'steps' else '8 window sums'}; "
+        f"baseline: DeepSeek EPLB on the last window; scored on each step of the next window, {args.dispatch} dispatch; "
+        "excess = mean over steps and layers of max/mean GPU load - 1; ratio = ours / baseline (lower is better)\n",
+        flush=True,
     )
-    rows = []
-    for dispatch in dispatches:
-        for regime in (r for r in args.regimes.split(",") if r):
-            for name in names:
-                rows.append(
-                    compare(
-                        SETUPS[name],
-                        regime,
-                        window=args.window,
-                        windows=args.windows,
-                        layers=args.layers,
-                        seed=args.seed,
-                        dispatch=dispatch,
-                        with_bound=args.bound,
-                    )
-                )
-                print(
-                    format_rows(rows[-1:]).splitlines()[-1] if len(rows) > 1 else format_rows(rows),
-                    flush=True,
-                )
-    print(
-        "\nratio = ours / baseline; oracle (--bound) = our packer told the true next-window mean, without "
-        "hedging (a reference, not a strict bound); "
-        "ours@25% = ours given its previous map and at most 25% of the baseline's moves per rebalance "
-        "(moves = ours / baseline)."
-    )
-    if args.timing != "none":
+    if "synthetic" in suites:
         print(
-            "\nplanning time at DeepSeek-V3 scale (58 layers, 256 experts + 32 redundant, 8 groups), median ms:"
+            f"== synthetic traffic ({args.layers} layers, {report.WINDOW}-step windows, {args.windows} rebalances)"
+        )
+        print(report.HEAD, flush=True)
+        rows = report.synthetic_rows(setups, regimes, seeds, layers=args.layers, **kw)
+        groups = report.group(rows)
+        for g in groups:
+            print(report.format_group(g))
+        print(report.summary(groups, "synthetic") + "\n", flush=True)
+    if "real" in suites:
+        print("== real OLMoE-1B-7B routing (64 experts, top-8, layers 0/7/15)")
+        for mode in modes:
+            print(f"   {REAL[mode].describe(mode)}")
+        print(report.HEAD, flush=True)
+        rows = report.real_rows(real_setups, modes, schedules, seeds, **kw)
+        groups = report.group(rows)
+        for g in groups:
+            print(report.format_group(g))
+        for mode in modes:
+            for name in real_setups:
+                sel = [g for g in groups if g.setup == name and g.regime.startswith(mode)]
+                print(report.summary(sel, f"{name} {mode}, over schedules"))
+        print(flush=True)
+    if "packing" in suites:
+        print("== packing alone: fitted and scored on the same window (stationary traffic, no forecasting)")
+        print(
+            report.format_packing(
+                report.packing_rows(packing, seeds, layers=args.layers, windows=args.windows)
+            )
+        )
+        print(flush=True)
+    if "cluster" in suites:
+        print(
+            "== cluster: replicas of a pool, each its own batch stream; scored on every replica's next window"
+        )
+        rows_c = report.cluster_rows(cases, replicas, affinity, seeds, layers=args.layers, **kw)
+        print(report.format_cluster(rows_c) + "\n", flush=True)
+    if "timing" in suites:
+        print(
+            "== planning time at DeepSeek-V3 scale (58 layers, 256 experts + 32 redundant, 8 groups), median ms:"
         )
         sizes = [(288, 36)] if args.timing == "288" else [(32, 4), (72, 9), (144, 18), (288, 36)]
-        for gpus, nodes in sizes:
-            t = time_planning(gpus, nodes, repeats=3 if gpus == 288 else 1)
-            print(
-                f"  {gpus:>3} GPUs / {nodes:>2} nodes ({(256 + 32) // gpus} slots/GPU): "
-                + ", ".join(f"{k} {v:.0f}" for k, v in t.items()),
-                flush=True,
-            )
+        for line in report.format_timing(sizes, repeats=5):
+            print(line, flush=True)
     return 0

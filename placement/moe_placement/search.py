@@ -1,0 +1,186 @@
+"""Improve a packing against plausible futures: parallel swaps between pairs of GPUs.
+
+The engine pays, at every step, for its busiest GPU, so the objective of a packing is the
+mean over scenarios (plausible next-window steps) of the busiest GPU's load:
+``J = mean_k max_g L[k, g]``. Hedging is what this buys over packing the mean: experts
+that spike together (one traffic domain's hot experts, co-activated experts) end up on
+different GPUs, experts that offset each other share one.
+
+One round pairs the GPUs that are most often the bottleneck with the ones that are least
+often (a different pairing each round), and finds for every pair the best exchange of one
+copy each, judged exactly on J with all other GPUs fixed (the largest load outside the
+pair comes from each scenario's top three). All pairs are disjoint, so their exchanges are
+applied together; a row whose J did not fall keeps only its single best exchange, which
+is exact. J therefore never rises, and the result is never worse than the start (e.g.
+longest-processing-time greedy).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .layout import FloatArray, IntArray
+from .packing import Bins
+
+AnyFloat = npt.NDArray[Any]  # float64, or float32 inside the search (half the memory traffic)
+
+TOLERANCE = 1e-7  # relative drop of J below which an exchange counts as no progress
+PATIENCE = 2  # a row stops after this many rounds (pairings) without an exchange
+MAX_PARTNERS = 6  # GPUs each focus GPU may exchange with in one round
+MAX_ROUNDS = 32
+
+
+def gpu_scenario_loads(item_load: AnyFloat, layout: IntArray) -> AnyFloat:
+    """Per-scenario GPU loads [B, G, K] of a layout [B, G, S] for item loads [B, I, K] (scenarios last)."""
+    rows = layout.shape[0]
+    out: AnyFloat = item_load[np.arange(rows)[:, None, None], layout].sum(axis=2)
+    return out
+
+
+def expected_peak(gpu_load: AnyFloat) -> FloatArray:
+    """J per row: mean over scenarios of the busiest GPU's load; gpu_load [B, G, K] -> [B]."""
+    out: FloatArray = gpu_load.max(axis=1).mean(axis=1, dtype=np.float64)
+    return out
+
+
+def pair_refine(
+    item_load: FloatArray,
+    item_expert: IntArray,
+    num_experts: int,
+    bins: Bins,
+    layout: IntArray,
+    max_rounds: int = MAX_ROUNDS,
+    swaps: IntArray | None = None,
+) -> IntArray:
+    """Lower J by exchanging copies between GPUs. item_load [B, I, K] (scenarios last), layout [B, G, S] item ids.
+
+    ``swaps`` [B]: at most this many exchanges per row (each moves two copies); None: no limit.
+    """
+    rows, num_gpus, slots = layout.shape
+    if num_gpus < 2 or rows == 0:
+        return layout
+    left = (
+        np.full(rows, np.iinfo(np.int64).max) if swaps is None else np.asarray(swaps, dtype=np.int64).copy()
+    )
+    layout = layout.copy()
+    zl_all = item_load.astype(np.float32)
+    load_all = gpu_scenario_loads(zl_all, layout)  # [B, G, K]
+    active = left > 0
+    idle = np.zeros(rows, dtype=np.int64)  # consecutive rounds without an exchange
+    slot_dom = np.repeat(bins.domain, slots)
+    num_dom = bins.num_domains
+    for rnd in range(max_rounds):
+        idx = np.flatnonzero(active)
+        if idx.size == 0:
+            break
+        n = idx.size
+        nl = np.arange(n)
+        sub, zl, load = layout[idx], zl_all[idx], load_all[idx]
+        before = expected_peak(load)
+        # focus: GPUs that are the bottleneck in some scenario (then the heaviest on average)
+        peak = load.argmax(axis=1)  # [n, K]
+        freq = np.bincount((nl[:, None] * num_gpus + peak).ravel(), minlength=n * num_gpus).reshape(
+            n, num_gpus
+        )
+        mean = load.mean(axis=2)
+        crit = freq + mean / np.maximum(mean.max(axis=1, keepdims=True), 1e-30)
+        order = np.argsort(-crit, axis=1, kind="stable")
+        focus = int(min(num_gpus // 2, max(1, (freq > 0).sum(axis=1).max())))
+        per = max(1, min(MAX_PARTNERS, (num_gpus - focus) // focus))
+        heavy = order[:, :focus]  # [n, F]
+        rest = order[:, focus:][:, ::-1]  # lightest first
+        pick = (np.arange(focus)[:, None] + focus * np.arange(per)[None, :] + rnd) % (num_gpus - focus)
+        partner = rest[:, pick]  # [n, F, M], disjoint
+        a_items = sub[nl[:, None], heavy]  # [n, F, S]
+        b_items = sub[nl[:, None, None], partner]  # [n, F, M, S]
+        za = zl[nl[:, None, None], a_items]  # [n, F, S, K]
+        zb = zl[nl[:, None, None, None], b_items]  # [n, F, M, S, K]
+        lh = load[nl[:, None], heavy]  # [n, F, K]
+        lp = load[nl[:, None, None], partner]  # [n, F, M, K]
+        # the floor: busiest GPU outside every focus GPU and partner (they all move this round)
+        involved = np.zeros((n, num_gpus), dtype=bool)
+        involved[nl[:, None], heavy] = True
+        involved[nl[:, None], partner.reshape(n, -1)] = True
+        floor = np.where(involved[:, :, None], -np.inf, load).max(axis=1)  # [n, K]
+        fl = floor[:, None, None, None, None, :]
+        delta = zb[:, :, :, None, :, :] - za[:, :, None, :, None, :]  # [n, F, M, Sa, Sb, K]
+        new_h = lh[:, :, None, None, None, :] + delta
+        np.subtract(lp[:, :, :, None, None, :], delta, out=delta)
+        np.maximum(new_h, delta, out=new_h)
+        np.maximum(new_h, fl, out=new_h)
+        cost = new_h.mean(axis=5, dtype=np.float64)  # [n, F, M, Sa, Sb]
+        current = np.maximum(np.maximum(lh[:, :, None, :], lp), floor[:, None, None, :]).mean(
+            axis=3, dtype=np.float64
+        )
+        # a copy may not join a conflict domain that already holds its expert (unless both GPUs share it)
+        ea = item_expert[idx[:, None, None], a_items]
+        eb = item_expert[idx[:, None, None, None], b_items]
+        keys = (nl[:, None] * num_dom + slot_dom[None, :]) * num_experts + item_expert[
+            idx[:, None], sub.reshape(n, -1)
+        ]
+        present = np.bincount(keys.ravel(), minlength=n * num_dom * num_experts).reshape(
+            n, num_dom * num_experts
+        )
+        dom_h, dom_p = bins.domain[heavy], bins.domain[partner]
+        a_ok = present[nl[:, None, None, None], (dom_p * num_experts)[..., None] + ea[:, :, None, :]] == 0
+        b_ok = present[nl[:, None, None, None], (dom_h * num_experts)[:, :, None, None] + eb] == 0
+        same = (dom_h[:, :, None] == dom_p)[..., None, None]
+        valid = (ea[:, :, None, :, None] != eb[:, :, :, None, :]) & (
+            same | (a_ok[..., None] & b_ok[..., None, :])
+        )
+        gain = np.where(valid, current[..., None, None] - cost, -np.inf).reshape(n, focus, -1)
+        best = np.argmax(gain, axis=2)
+        best_gain = np.take_along_axis(gain, best[..., None], axis=2)[..., 0]
+        improving = best_gain > TOLERANCE * np.maximum(before[:, None], 1e-30)
+        if swaps is not None:  # a row with a budget keeps its best exchanges only
+            rank = np.argsort(np.argsort(-np.where(improving, best_gain, -np.inf), axis=1), axis=1)
+            improving &= rank < left[idx, None]
+        m_idx, rem = np.divmod(best, slots * slots)
+        sa, sb = np.divmod(rem, slots)
+        trial, trial_load = sub.copy(), load.copy()
+        rr, ff = np.nonzero(improving)
+        _apply(trial, trial_load, zl, heavy, partner, a_items, b_items, rr, ff, m_idx, sa, sb)
+        worse = expected_peak(trial_load) > before * (1 - TOLERANCE)
+        redo = np.flatnonzero(worse & improving.any(axis=1))
+        if worse.any():  # joint exchanges interfered: keep only the row's single best one (exact)
+            trial[worse], trial_load[worse] = sub[worse], load[worse]
+            if redo.size:
+                f1 = np.argmax(np.where(improving[redo], best_gain[redo], -np.inf), axis=1)
+                _apply(trial, trial_load, zl, heavy, partner, a_items, b_items, redo, f1, m_idx, sa, sb)
+        progressed = improving.any(axis=1)
+        made = np.where(worse, progressed.astype(np.int64), improving.sum(axis=1))
+        left[idx] -= made
+        layout[idx], load_all[idx] = trial, trial_load
+        idle[idx] = np.where(progressed, 0, idle[idx] + 1)
+        active[idx[(idle[idx] >= PATIENCE) | (left[idx] <= 0)]] = False
+    return layout
+
+
+def _apply(
+    layout: IntArray,
+    load: AnyFloat,
+    item_load: AnyFloat,
+    heavy: IntArray,
+    partner: IntArray,
+    a_items: IntArray,
+    b_items: IntArray,
+    rr: IntArray,
+    ff: IntArray,
+    m_idx: IntArray,
+    sa: IntArray,
+    sb: IntArray,
+) -> None:
+    """In place: exchange the chosen copies (row rr, focus ff) and update the scenario loads."""
+    if rr.size == 0:
+        return
+    m, a_s, b_s = m_idx[rr, ff], sa[rr, ff], sb[rr, ff]
+    h, p = heavy[rr, ff], partner[rr, ff, m]
+    ia, ib = a_items[rr, ff, a_s], b_items[rr, ff, m, b_s]
+    layout[rr, h, a_s] = ib
+    layout[rr, p, b_s] = ia
+    dz = item_load[rr, ib] - item_load[rr, ia]  # [m, K]
+    load[rr, h] += dz
+    load[rr, p] -= dz

@@ -1,0 +1,58 @@
+"""The forecast rule comes from a backtest on the history itself; scenarios carry its real errors."""
+
+import numpy as np
+
+from moe_placement.forecast import forecast
+
+
+def _history(rng: np.random.Generator, levels: np.ndarray, noise: float) -> np.ndarray:
+    """Window sums [T, 2, 16] around the given per-window share levels [T, 16]."""
+    shares = np.clip(levels * rng.lognormal(0.0, noise, size=levels.shape), 1e-6, None)
+    return np.repeat((1e5 * shares / shares.sum(axis=1, keepdims=True))[:, None, :], 2, axis=1)
+
+
+def test_a_sudden_shift_is_followed_by_last_window_only() -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.gamma(0.5, 1.0, 16), rng.gamma(0.5, 1.0, 16)
+    levels = np.array([a if t < 4 else b for t in range(4)] + [b * (1 + 0.5 * t) for t in range(6)])
+    fc = forecast(_history(rng, levels, 0.01), horizon=1)
+    assert fc.rule == "last"
+
+
+def test_a_noisy_stationary_history_is_averaged() -> None:
+    rng = np.random.default_rng(1)
+    levels = np.tile(rng.gamma(0.5, 1.0, 16), (16, 1))
+    fc = forecast(_history(rng, levels, 0.3), horizon=1)
+    assert fc.rule != "last"
+    truth = levels[0] / levels[0].sum()
+    last = _history(np.random.default_rng(1), levels, 0.3)[-1, 0]
+    assert np.abs(fc.mean[0] - truth).sum() < np.abs(last / last.sum() - truth).sum()
+
+
+def test_scenarios_are_the_forecast_plus_past_errors_and_step_spreads() -> None:
+    rng = np.random.default_rng(2)
+    hist = _history(rng, np.tile(rng.gamma(0.5, 1.0, 16), (8, 1)), 0.2)
+    steps = hist[-1][None] * rng.lognormal(0.0, 0.3, size=(12, 2, 16))
+    fc = forecast(hist, horizon=1, steps=steps)
+    assert fc.scenarios.shape == (1 + 6 + 12, 2, 16)
+    np.testing.assert_allclose(fc.scenarios[0], fc.mean)
+    assert (fc.scenarios >= 0).all()
+    np.testing.assert_allclose(fc.mean.sum(axis=-1), 1.0)
+
+
+def test_a_prior_history_competes_in_the_same_backtest() -> None:
+    """An instance's own windows are noisy; the pool's carry the same mix with less noise."""
+    rng = np.random.default_rng(3)
+    levels = np.tile(rng.gamma(0.5, 1.0, 16), (12, 1))
+    own = _history(rng, levels, 0.4)
+    pool = _history(rng, levels, 0.02)
+    fc = forecast(own, horizon=1, prior=pool)
+    assert fc.rule.startswith("prior-")
+    assert fc.errors is not None and fc.errors.size == 12
+
+
+def test_a_single_window_is_its_own_forecast() -> None:
+    one = np.arange(1.0, 17.0)[None].repeat(2, axis=0)
+    fc = forecast(one[None], horizon=1)
+    np.testing.assert_allclose(fc.mean[0], one[0] / one[0].sum())
+    assert fc.rule == "last" and fc.scenarios.shape[0] == 1
