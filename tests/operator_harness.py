@@ -36,11 +36,20 @@ def install_crd(box: Sandbox) -> None:
 class OperatorProcess:
     """One `moe-operator run` process; restartable and killable like a real pod."""
 
-    def __init__(self, box: Sandbox, log_dir: Path, port_base: int | None = None) -> None:
+    def __init__(
+        self,
+        box: Sandbox,
+        log_dir: Path,
+        port_base: int | None = None,
+        user: str = OPERATOR_USER,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         if port_base is None:
             port_base = int(os.environ.get("MOE_TEST_OPERATOR_PORT_BASE", "19000"))
         self.box = box
-        self.log_path = log_dir / "operator.log"
+        self.user = user
+        self.extra_args = extra_args
+        self.log_path = log_dir / f"{user}.log"
         self.metrics_port = port_base + 100
         self.liveness_port = port_base + 80
         self.webhook_port = port_base + 443
@@ -48,7 +57,7 @@ class OperatorProcess:
 
     def start(self) -> None:
         # Its own user, so the API server's audit log attributes every write (kopf's too) to it.
-        kubeconfig = self.box.user_kubeconfig(OPERATOR_USER)
+        kubeconfig = self.box.user_kubeconfig(self.user)
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         self.proc = subprocess.Popen(
@@ -57,7 +66,7 @@ class OperatorProcess:
                 "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
                 "--metrics-port", str(self.metrics_port),
                 "--webhook-port", str(self.webhook_port),
-                "--runtime-image", "moe-runtime:test",
+                "--runtime-image", "moe-runtime:test", *self.extra_args,
             ],
             env=env,
             stdout=log,
@@ -74,6 +83,8 @@ class OperatorProcess:
                 return False
 
         wait_for(live, 60, what="operator liveness")
+        if "--no-webhook" in self.extra_args:
+            return
 
         def webhook_registered() -> bool:
             with self.box.client() as api:

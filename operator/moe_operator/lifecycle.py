@@ -30,6 +30,7 @@ class PodState:
     created: datetime
     template_hash: str
     node: str | None
+    ready_changed: datetime | None = None  # lastTransitionTime of the pod's Ready condition
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class GroupState:
     pods: tuple[PodState, ...]
     members: frozenset[str] = frozenset()  # pod UIDs of the running world, recorded once it formed
     moved: bool = False  # the planner gave the instance other nodes
+    unready_limit_s: float = float("inf")  # a running rank unready longer than this breaks the world
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,10 @@ def is_updated(group: GroupState) -> bool:
     return bool(group.pods) and all(p.template_hash == group.template_hash for p in group.pods)
 
 
-def broken_reason(group: GroupState) -> str | None:
-    """Why the group's world is broken, or None."""
+def broken_reason(group: GroupState, now: datetime) -> str | None:
+    """Why the group's world is broken, or None. A rank that runs but stays unready past the
+    start-up budget (a hung worker: its engine stopped answering /health) breaks it too: the
+    kubelet restarts only what fails liveness, and one rank cannot rejoin its world alone."""
     if group.moved:
         return "the planner moved the instance to other nodes"
     for p in sorted(group.pods, key=lambda p: p.rank):
@@ -85,6 +89,14 @@ def broken_reason(group: GroupState) -> str | None:
             return f"pod {p.name} (rank {p.rank}) restarted {p.restarts} time(s)"
         if group.members and p.uid not in group.members:
             return f"pod {p.name} (rank {p.rank}) was recreated alone"
+        if p.phase == "Running" and not p.ready:
+            since = max(p.ready_changed or p.created, group.epoch)
+            if (now - since).total_seconds() > group.unready_limit_s:
+                # no running count in the message: it must read the same on every reconcile
+                return (
+                    f"pod {p.name} (rank {p.rank}) stayed unready longer than spec.engine.startupTimeout "
+                    f"({group.unready_limit_s:.0f}s)"
+                )
     return None
 
 
@@ -94,7 +106,7 @@ def decide(group: GroupState, now: datetime, may_roll: bool) -> GroupDecision:
     `may_roll` is False while another instance of the pool is not ready: spec changes roll
     instances one at a time so the pool keeps serving.
     """
-    reason = broken_reason(group)
+    reason = broken_reason(group, now)
     if reason is not None:
         wait = backoff_seconds(group.restarts) - (now - group.epoch).total_seconds()
         if wait > 0 and not group.moved:

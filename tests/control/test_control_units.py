@@ -223,3 +223,29 @@ def test_paused_placement_is_measured_but_not_replaced() -> None:
     d = decide(Inputs("operator", 0.5, 0.9, 10, 0.03, 0, 0.0, None, paused="rollback of v3 to v6"))
     assert (d.publish, d.reason) == (False, "paused") and "rollback of v3" in d.message
     assert decide(Inputs("off", 0.5, 0.9, 10, 0.03, 0, 0.0, None, paused="x")).reason == "off"
+
+
+def test_parse_windows_refuses_hostile_answers() -> None:
+    ok = {"seq": 1, "ended_at": 100.0, "counts": [[1, 2]]}
+    hostile = [
+        {"seq": 2, "ended_at": 100.0 + 3600, "counts": [[1, 2]]},  # an hour in the future
+        {"seq": 3, "ended_at": float("nan"), "counts": [[1, 2]]},
+        {"seq": -1, "ended_at": 100.0, "counts": [[1, 2]]},
+        {"seq": 2**60, "ended_at": 100.0, "counts": [[1, 2]]},
+        {"seq": "7", "ended_at": 100.0, "counts": [[1, 2]]},
+        {"seq": 4, "ended_at": 100.0, "counts": [[1, float("inf")]]},
+        {"seq": 5, "ended_at": 100.0, "counts": [["a", 2]]},
+        {"seq": 6, "ended_at": 100.0, "counts": [[1, -2]]},
+        "not a window",
+    ]
+    got = parse_windows("a", {"windows": [ok, *hostile]}, (1, 2), now=100.0)
+    assert [w.seq for w in got] == [1]
+    assert parse_windows("a", {"windows": "x"}, (1, 2), now=100.0) == []
+
+
+def test_history_stays_within_its_byte_bound_dropping_the_oldest() -> None:
+    rng = np.random.default_rng(1)
+    one = window("a", 1, 1.0, rng).counts.nbytes
+    h = History(max_bytes=3 * one)
+    h.add([window("a", s, float(s), rng) for s in range(1, 6)])
+    assert [w.seq for w in h.windows] == [3, 4, 5]

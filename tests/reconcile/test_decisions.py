@@ -11,6 +11,7 @@ from moe_operator.lifecycle import GroupState, PodState
 from moe_operator.reconcile.backend import backend_unavailable, leaderworkerset_state
 from moe_operator.reconcile.children import diff_children
 from moe_operator.reconcile.groups import group_actions
+from moe_operator.reconcile.observe import trusted_pods
 from moe_operator.reconcile.status import compute_status, ready_event, stop_status
 from moe_operator.render.children import render_children
 from moe_operator.render.group import Owner, RuntimeSettings
@@ -165,3 +166,78 @@ def test_backend_messages_say_what_to_do() -> None:
     assert reason == Reason.LEADERWORKERSET_NOT_WATCHED and "restart the operator" in message
     reason, message = backend_unavailable("LeaderWorkerSet", "absent")
     assert reason == Reason.LEADERWORKERSET_NOT_INSTALLED and "groupBackend to StatefulSet" in message
+
+
+def test_a_rank_unready_past_the_startup_budget_restarts_the_group_with_a_stable_message() -> None:
+    hung = PodState(
+        "p0-1",
+        "u0-1",
+        1,
+        "Running",
+        False,
+        0,
+        NOW - timedelta(hours=2),
+        "t1",
+        "n0",
+        NOW - timedelta(minutes=31),
+    )
+    fine = PodState("p0-0", "u0-0", 0, "Running", True, 0, NOW - timedelta(hours=2), "t1", "n0")
+    group = GroupState("decode", 0, 2, "t1", NOW - timedelta(hours=1), 0, (fine, hung), unready_limit_s=1800)
+    (restart,) = group_actions([group], NOW, nodes={"n0"}).restarts
+    assert "p0-1 (rank 1) stayed unready longer than spec.engine.startupTimeout (1800s)" in restart.message
+    recent = PodState(
+        "p0-1",
+        "u0-1",
+        1,
+        "Running",
+        False,
+        0,
+        NOW - timedelta(hours=2),
+        "t1",
+        "n0",
+        NOW - timedelta(minutes=5),
+    )
+    waiting = GroupState(
+        "decode", 0, 2, "t1", NOW - timedelta(hours=1), 0, (fine, recent), unready_limit_s=1800
+    )
+    assert not group_actions([waiting], NOW, nodes={"n0"}).restarts
+    # after a restart the budget counts from the new epoch, not from the old unready time
+    restarted = GroupState(
+        "decode", 0, 2, "t1", NOW - timedelta(minutes=10), 1, (fine, hung), unready_limit_s=1800
+    )
+    assert not group_actions([restarted], NOW, nodes={"n0"}).restarts
+
+
+def _engine_pod(name: str, rank: int, owner: dict[str, Any] | None, instance: int = 0) -> dict[str, Any]:
+    return {"name": name, "pool": "decode", "instance": instance, "rank": rank, "owner": owner or {}}
+
+
+def test_only_pods_created_for_the_instance_are_trusted() -> None:
+    sts = [{"kind": "StatefulSet", "name": "m-decode-0", "uid": "sts-uid"}]
+    own = {"kind": "StatefulSet", "name": "m-decode-0", "uid": "sts-uid"}
+    pods = [
+        _engine_pod("m-decode-0-0", 0, own),
+        _engine_pod("m-decode-0-1", 1, own),
+        _engine_pod("leader", 0, None),  # a bare pod with the right labels
+        _engine_pod("m-decode-0-0x", 0, own),  # named for no rank
+        _engine_pod("m-decode-0-1", 1, {"kind": "StatefulSet", "name": "m-decode-0", "uid": "forged"}),
+        _engine_pod("m-decode-1-0", 0, {"kind": "StatefulSet", "name": "m-decode-1", "uid": "x"}, instance=1),
+        _engine_pod("m-decode-0-0", 0, {"kind": "ReplicaSet", "name": "m-decode-0", "uid": "sts-uid"}),
+    ]
+    trusted = trusted_pods(pods, sts, "m")
+    assert [(p["name"], p["owner"].get("uid")) for p in trusted] == [
+        ("m-decode-0-0", "sts-uid"),
+        ("m-decode-0-1", "sts-uid"),
+    ]
+
+
+def test_leaderworkerset_pods_are_trusted_by_their_controllers_statefulsets() -> None:
+    lws = [{"kind": "LeaderWorkerSet", "name": "m-decode-0", "uid": "lws-uid"}]
+    pods = [
+        _engine_pod("m-decode-0-0", 0, {"kind": "StatefulSet", "name": "m-decode-0", "uid": "a"}),
+        _engine_pod("m-decode-0-0-1", 1, {"kind": "StatefulSet", "name": "m-decode-0-0", "uid": "b"}),
+        _engine_pod(
+            "m-decode-0-1", 1, {"kind": "StatefulSet", "name": "m-decode-0", "uid": "a"}
+        ),  # not a worker name
+    ]
+    assert [p["name"] for p in trusted_pods(pods, lws, "m")] == ["m-decode-0-0", "m-decode-0-0-1"]

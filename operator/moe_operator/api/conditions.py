@@ -43,6 +43,8 @@ class Reason(StrEnum):
     PLACEMENT_PUBLISHED = "PlacementPublished"
     PLACEMENT_ADOPTED = "PlacementAdopted"
     PLACEMENT_REFUSED = "PlacementRefused"
+    # events of the reconciler
+    MONITORING_SKIPPED = "MonitoringSkipped"
 
 
 def _rfc3339(now: datetime) -> str:

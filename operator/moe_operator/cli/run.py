@@ -83,15 +83,45 @@ def run(args: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from moe_operator.handlers import admission, control_loop, indexes, reconcile  # noqa: F401  (registers handlers)
-    from moe_operator.handlers.kube import Kube, KubeError
+    from moe_operator.handlers import control_loop, indexes, reconcile  # noqa: F401  (registers handlers)
+
+    if not args.no_webhook:
+        # Imported only when served: kopf refuses to start with admission handlers and no server.
+        from moe_operator.handlers import admission  # noqa: F401
+    from moe_operator.handlers.kube import Kube
     from moe_operator.handlers.metrics import OperatorMetrics
     from moe_operator.handlers.state import OperatorState
     from moe_operator.handlers.wakeups import Wakeups
-    from moe_operator.render.group import LWS_API_VERSION, RuntimeSettings
+    from moe_operator.render.group import RuntimeSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     routine: tuple[Callable[..., Any], ...] = (
+OPTIONAL_APIS = {
+    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
+    "PodMonitor": ("monitoring.coreos.com/v1", "podmonitors"),
+    "PrometheusRule": ("monitoring.coreos.com/v1", "prometheusrules"),
+}
+
+
+def served_optional_kinds(kube: Any) -> frozenset[str]:
+    """The optional kinds the cluster serves (discovery), asked once at start."""
+    from moe_operator.handlers.kube import KubeError
+
+    found: set[str] = set()
+    groups: dict[str, set[str]] = {}
+    for kind, (group_version, plural) in OPTIONAL_APIS.items():
+        if group_version not in groups:
+            try:
+                doc = kube.get(f"/apis/{group_version}") or {}
+            except KubeError as exc:
+                logging.getLogger(__name__).warning(f"cannot tell whether {group_version} is served: {exc}")
+                doc = {}
+            groups[group_version] = {str(r.get("name")) for r in doc.get("resources") or []}
+        if plural in groups[group_version]:
+            found.add(kind)
+    return frozenset(found)
+
+
         reconcile.on_timer,
         reconcile.on_child_event,
         reconcile.on_event,
@@ -125,14 +155,11 @@ def run(args: argparse.Namespace) -> int:
         settings.watching.inactivity_timeout = 600
         settings.execution.max_workers = 16
         state.executor = settings.execution.executor
-        try:
-            lws = state.kube.get(f"/apis/{LWS_API_VERSION}") is not None
-        except KubeError as exc:
-            logging.getLogger(__name__).warning(f"cannot tell whether LeaderWorkerSet is served: {exc}")
-            lws = False
-        # kopf only watches what discovery listed at start: LeaderWorkerSets are used only when watched.
-        state.leaderworkerset_watched = lws
-        logging.getLogger(__name__).info(f"LeaderWorkerSet ({LWS_API_VERSION}) served at start: {lws}")
+        # kopf only watches what discovery listed at start: optional kinds are used only when watched.
+        state.watched_kinds = served_optional_kinds(state.kube)
+        logging.getLogger(__name__).info(
+            f"optional APIs served at start: {sorted(state.watched_kinds) or 'none'}"
+        )
         if webhook is not None:
             cert, key, ca = webhook
             settings.admission.server = kopf.WebhookServer(

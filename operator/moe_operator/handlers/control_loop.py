@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -39,6 +40,7 @@ from moe_operator.control.publish import configmaps, expired_versions, history_c
 from moe_operator.control.windows import parse_windows
 from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.state import OperatorState, PoolState, operator_of
+from moe_operator.reconcile.observe import trusted_pods
 from moe_operator.render.group import Owner, placement_config_name, token_secret_name
 from moe_placement import document
 from moe_placement.maps import trivial_map
@@ -166,20 +168,31 @@ def adopt_live(t: Tick) -> str:
 
 
 def collect(t: Tick, client: RuntimeClient, leaders: list[dict[str, Any]]) -> tuple[list[str], int]:
-    """Fetch new windows from every leader into the history; returns what failed and how many were new."""
-    failed, added = [], 0
+    """Fetch new windows from every leader at once into the history; returns what failed and how many
+    were new. Each answer is bounded in bytes and time, so a slow or huge one delays only itself."""
     history = t.state.history
-    for pod in leaders:
+    cursors = {f"{p['name']}/{p['uid']}": history.cursors.get(f"{p['name']}/{p['uid']}", 0) for p in leaders}
+
+    def fetch(pod: dict[str, Any]) -> tuple[str, dict[str, Any] | None, str | None]:
         key = f"{pod['name']}/{pod['uid']}"
         try:
-            after = history.cursors.get(key, 0)
-            answer = client.windows(pod["ip"], after)
-            if int(answer.get("latest_seq") or 0) < after:  # the runtime restarted
-                history.forget_instance(key)
-                answer = client.windows(pod["ip"], 0)
-            added += history.add(parse_windows(key, answer, (t.shape.num_layers, t.shape.num_experts)))
-        except (RuntimeAnswerError, ValueError, KeyError, TypeError) as exc:
-            failed.append(f"{pod['name']}: {exc or type(exc).__name__}"[:120])
+            answer = client.windows(pod["ip"], cursors[key])
+            if int(answer.get("latest_seq") or 0) < cursors[key]:  # the runtime restarted
+                return key, {"restarted": True, **client.windows(pod["ip"], 0)}, None
+            return key, answer, None
+        except (RuntimeAnswerError, ValueError, TypeError) as exc:
+            return key, None, f"{pod['name']}: {exc or type(exc).__name__}"[:120]
+
+    failed, added = [], 0
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(leaders)))) as pool:
+        results = list(pool.map(fetch, leaders))
+    for key, answer, error in results:
+        if answer is None:
+            failed.append(error or key)
+            continue
+        if answer.get("restarted"):
+            history.forget_instance(key)
+        added += history.add(parse_windows(key, answer, (t.shape.num_layers, t.shape.num_experts)))
     return failed, added
 
 
@@ -364,7 +377,9 @@ def control_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, memo:
         return  # the reconciler reports invalid specs
     op = operator_of(memo)
     namespace, name = str(body.metadata.namespace or ""), str(body.metadata.name)
-    pods = list(kwargs["engine_pod_index"].get((namespace, name), []))
+    key = (namespace, name)
+    groups = [*kwargs["statefulset_index"].get(key, []), *kwargs["leaderworkerset_index"].get(key, [])]
+    pods = trusted_pods(kwargs["engine_pod_index"].get(key, []), groups, name)
     current = (body.get("status") or {}).get("placement") or {}
     updates: dict[str, Any] = {}
     for pool in ("prefill", "decode"):

@@ -64,6 +64,10 @@ async def engine_pod_index(
     if not deployment or K.INSTANCE not in labels:
         return None
     statuses = status.get("containerStatuses") or []
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    owner: dict[str, Any] = next(
+        (o for o in body.metadata.get("ownerReferences") or [] if o.get("controller")), {}
+    )
     return {
         (namespace, deployment): {
             "name": name,
@@ -72,15 +76,16 @@ async def engine_pod_index(
             "instance": int(labels[K.INSTANCE]),
             "rank": int(labels.get("apps.kubernetes.io/pod-index", "0")),
             "phase": status.get("phase", "Pending"),
-            "ready": any(
-                c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-            ),
+            "ready": ready.get("status") == "True",
+            "readyChanged": ready.get("lastTransitionTime"),
             "restarts": sum(int(c.get("restartCount", 0)) for c in statuses),
             "created": body.metadata.get("creationTimestamp"),
             "deleting": body.metadata.get("deletionTimestamp") is not None,
             "templateHash": (body.metadata.annotations or {}).get(K.TEMPLATE_HASH, ""),
             "node": spec.get("nodeName"),
             "ip": status.get("podIP"),
+            # the controller that created it: engine pods are trusted only when it is theirs
+            "owner": {"kind": owner.get("kind"), "name": owner.get("name"), "uid": owner.get("uid")},
         }
     }
 
@@ -95,6 +100,7 @@ def _child(kind: str, name: str, namespace: str | None, body: kopf.Body) -> dict
         (namespace, deployment): {
             "kind": kind,
             "name": name,
+            "uid": body.metadata.uid,
             "specHash": annotations.get(K.SPEC_HASH),
             "annotations": dict(annotations),
             "created": body.metadata.get("creationTimestamp"),
@@ -158,15 +164,23 @@ async def leaderworkerset_index(
 
 
 LEADERWORKERSET_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
+# Optional APIs the operator uses when the cluster serves them: CRD name -> the kind it serves.
+OPTIONAL_CRDS = MappingProxyType(
+    {
+        LEADERWORKERSET_CRD: "LeaderWorkerSet",
+        "podmonitors.monitoring.coreos.com": "PodMonitor",
+        "prometheusrules.monitoring.coreos.com": "PrometheusRule",
+    }
+)
 
 
 @kopf.index("customresourcedefinitions.apiextensions.k8s.io")
-async def leaderworkerset_api_index(name: str, body: kopf.Body, **_: Any) -> dict[str, bool] | None:
-    """The LeaderWorkerSet CRD -> whether it serves v1 now (groupBackend auto and LeaderWorkerSet).
+async def optional_api_index(name: str, body: kopf.Body, **_: Any) -> dict[str, bool] | None:
+    """Optional CRDs (LeaderWorkerSet, the Prometheus Operator's) -> whether they serve v1 now.
 
-    A watch, not a lookup per reconcile: installing or removing the controller is seen in seconds.
+    A watch, not a lookup per reconcile: installing or removing a controller is seen in seconds.
     """
-    if name != LEADERWORKERSET_CRD:
+    if name not in OPTIONAL_CRDS:
         return None
     established = any(
         c.get("type") == "Established" and c.get("status") == "True"
@@ -176,6 +190,21 @@ async def leaderworkerset_api_index(name: str, body: kopf.Body, **_: Any) -> dic
         v.get("name") == "v1" and v.get("served") for v in body.get("spec", {}).get("versions") or []
     )
     return {name: established and served and not body.metadata.get("deletionTimestamp")}
+
+
+@kopf.index("podmonitors.monitoring.coreos.com", labels=MANAGED)
+async def podmonitor_index(
+    name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[Any, Any] | None:
+    """Watched only while the Prometheus Operator's CRDs exist (spec.monitoring)."""
+    return _child("PodMonitor", name, namespace, body)
+
+
+@kopf.index("prometheusrules.monitoring.coreos.com", labels=MANAGED)
+async def prometheusrule_index(
+    name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[Any, Any] | None:
+    return _child("PrometheusRule", name, namespace, body)
 
 
 @kopf.index("poddisruptionbudgets.policy", labels=MANAGED)
@@ -193,9 +222,11 @@ CHILD_INDEXES = (
     "rolebinding_index",
     "pdb_index",
     "leaderworkerset_index",
+    "podmonitor_index",
+    "prometheusrule_index",
 )
 
 
-def leaderworkerset_served(index: Any) -> bool:
-    """From leaderworkerset_api_index: the cluster serves leaderworkerset.x-k8s.io/v1."""
-    return any(index.get(LEADERWORKERSET_CRD, ()))
+def served_kinds(index: Any) -> frozenset[str]:
+    """From optional_api_index: the optional kinds whose CRD serves v1 now."""
+    return frozenset(kind for crd, kind in OPTIONAL_CRDS.items() if any(index.get(crd, ())))

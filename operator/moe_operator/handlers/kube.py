@@ -38,6 +38,8 @@ _KINDS = MappingProxyType(
             "/apis/rbac.authorization.k8s.io/v1",
             "rolebindings",
         ),
+        ("monitoring.coreos.com/v1", "PodMonitor"): ("/apis/monitoring.coreos.com/v1", "podmonitors"),
+        ("monitoring.coreos.com/v1", "PrometheusRule"): ("/apis/monitoring.coreos.com/v1", "prometheusrules"),
         ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): (
             "/apis/leaderworkerset.x-k8s.io/v1",
             "leaderworkersets",

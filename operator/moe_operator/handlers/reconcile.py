@@ -25,7 +25,7 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason
 from moe_operator.api.names import GROUP, PLURAL
-from moe_operator.handlers.indexes import CHILD_INDEXES, MANAGED, leaderworkerset_served
+from moe_operator.handlers.indexes import CHILD_INDEXES, MANAGED, served_kinds
 from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.state import DeploymentState, OperatorState, operator_of
 from moe_operator.handlers.status_metrics import export_status
@@ -38,7 +38,7 @@ from moe_operator.reconcile.backend import (
 )
 from moe_operator.reconcile.children import ChildChanges, api_version, child_key, diff_children
 from moe_operator.reconcile.groups import GroupActions, group_actions
-from moe_operator.reconcile.observe import group_states, node_snapshot, previous_sites
+from moe_operator.reconcile.observe import group_states, node_snapshot, previous_sites, trusted_pods
 from moe_operator.reconcile.status import Event, compute_status, ready_event, status_changed, stop_status
 from moe_operator.render import labels as L
 from moe_operator.render.children import placement_versions, render_children
@@ -50,7 +50,7 @@ from moe_operator.validation import validate
 
 RECONCILE_INTERVAL_S = 5.0  # every deployment is reconciled at least this often
 WAKE_INTERVAL_S = 1.0  # deployments whose children changed are reconciled within about this
-INDEXES = ("node_index", "gpu_use_index", "engine_pod_index", "leaderworkerset_api_index", *CHILD_INDEXES)
+INDEXES = ("node_index", "gpu_use_index", "engine_pod_index", "optional_api_index", *CHILD_INDEXES)
 Logger = logging.Logger | kopf.Logger
 
 
@@ -122,16 +122,20 @@ def _steps(t: Target) -> None:
     group_objects = [c for c in children if c["kind"] == backend]
     plan = plan_instances(t, spec, group_objects)
     ensure_token(t)
-    desired = render_children(spec, t.owner, plan, t.op.settings, placement_versions(t.status), backend)
+    monitoring = monitoring_kinds(t, spec)
+    desired = render_children(
+        spec, t.owner, plan, t.op.settings, placement_versions(t.status), backend, monitoring
+    )
     observed = {(c["kind"], c["name"]): c for c in children}
-    changes = diff_children(desired, observed, t.state.recently_applied(time.time()), t.pods())
+    pods = trusted_pods(t.pods(), group_objects, t.owner.name)
+    changes = diff_children(desired, observed, t.state.recently_applied(time.time()), pods)
     apply_and_prune(t, changes)
     hashes = {
         o["metadata"]["name"]: o["metadata"]["annotations"][K.TEMPLATE_HASH]
         for o in desired
         if o["kind"] == backend
     }
-    groups = group_states(spec, t.owner.name, group_objects, t.pods(), plan, hashes)
+    groups = group_states(spec, t.owner.name, group_objects, pods, plan, hashes)
     actions = group_actions(groups, t.now, t.indexes["node_index"])
     posted = act_on_groups(t, actions, changes, backend)
     router = next((c for c in children if c["kind"] == "Deployment"), None)
@@ -153,12 +157,45 @@ def check_spec(t: Target) -> MoEDeploymentSpec | None:
 
 def choose_backend(t: Target, spec: MoEDeploymentSpec) -> GroupBackend | None:
     """StatefulSet or LeaderWorkerSet; None after reporting that the wanted one cannot run."""
-    served = leaderworkerset_served(t.indexes["leaderworkerset_api_index"])
-    lws = leaderworkerset_state(served, t.op.leaderworkerset_watched)
+    served = "LeaderWorkerSet" in served_kinds(t.indexes["optional_api_index"])
+    lws = leaderworkerset_state(served, "LeaderWorkerSet" in t.op.watched_kinds)
     backend = resolve_group_backend(spec.topology.group_backend, recorded_group_backend(t.status), lws)
     if backend is None:
         stop(t, *backend_unavailable(spec.topology.group_backend, lws))
     return backend
+
+
+def monitoring_kinds(t: Target, spec: MoEDeploymentSpec) -> frozenset[str]:
+    """The spec.monitoring objects the cluster can take (Prometheus Operator CRDs served since the
+    operator started); once per generation, an event names the ones skipped and why."""
+    wanted = {
+        k
+        for k, on in (
+            ("PodMonitor", spec.monitoring.pod_monitor),
+            ("PrometheusRule", spec.monitoring.prometheus_rule),
+        )
+        if on
+    }
+    served = served_kinds(t.indexes["optional_api_index"])
+    usable = frozenset(k for k in wanted if k in served and k in t.op.watched_kinds)
+    skipped = sorted(set(wanted) - usable)
+    if skipped and t.state.monitoring_noted != t.generation:
+        t.state.monitoring_noted = t.generation
+        t.event(Event("Normal", Reason.MONITORING_SKIPPED, monitoring_skipped(skipped, served)))
+    return usable
+
+
+def monitoring_skipped(kinds: list[str], served: frozenset[str]) -> str:
+    names = ", ".join(kinds)
+    if all(k in served for k in kinds):
+        return (
+            f"spec.monitoring: {names} not created: the Prometheus Operator's CRDs were installed after the "
+            "operator started; restart the operator to create them"
+        )
+    return (
+        f"spec.monitoring: {names} not created: the cluster does not serve monitoring.coreos.com/v1 "
+        "(install the Prometheus Operator's CRDs, or turn spec.monitoring.podMonitor/prometheusRule off)"
+    )
 
 
 def plan_instances(t: Target, spec: MoEDeploymentSpec, group_objects: list[dict[str, Any]]) -> TopologyPlan:

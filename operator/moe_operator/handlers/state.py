@@ -53,6 +53,7 @@ class DeploymentState:
     applied: dict[ChildKey, tuple[str, float]] = field(default_factory=dict)  # -> (spec hash, when)
     pools: dict[str, PoolState] = field(default_factory=dict)
     condition_reasons: dict[str, str] = field(default_factory=dict)  # condition type -> exported reason
+    monitoring_noted: int | None = None  # generation whose skipped spec.monitoring objects an event named
 
     def remember_applied(self, key: ChildKey, spec_hash: str, now: float) -> None:
         self.applied[key] = (spec_hash, now)
@@ -72,7 +73,9 @@ class OperatorState:
     settings: RuntimeSettings
     metrics: OperatorMetrics
     wakeups: Wakeups
-    leaderworkerset_watched: bool = False  # served when the operator started (kopf watches it)
+    # optional kinds (LeaderWorkerSet, PodMonitor, PrometheusRule) served when the operator started:
+    # kopf watches only what discovery listed then, so only these can be used until a restart
+    watched_kinds: frozenset[str] = frozenset()
     executor: Executor | None = None
     plan_lock: threading.Lock = field(default_factory=threading.Lock)  # one topology plan at a time
     _deployments: dict[str, DeploymentState] = field(default_factory=dict)

@@ -18,6 +18,8 @@ API_VERSIONS: Mapping[str, str] = {
     "PodDisruptionBudget": "policy/v1",
     "Role": "rbac.authorization.k8s.io/v1",
     "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "PodMonitor": "monitoring.coreos.com/v1",
+    "PrometheusRule": "monitoring.coreos.com/v1",
 }
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import pool_layout, pools
+from moe_operator.api.types import parse_duration
 from moe_operator.lifecycle import GroupState, PodState
 from moe_operator.render import labels as L
 from moe_operator.topology.planner import InstanceSite, TopologyPlan
@@ -56,6 +57,33 @@ def previous_sites(groups: Iterable[Mapping[str, Any]], name: str) -> list[Insta
     return out
 
 
+def trusted_pods(
+    pods: Iterable[dict[str, Any]], group_objects: Iterable[Mapping[str, Any]], name: str
+) -> list[dict[str, Any]]:
+    """The engine pods that belong to this deployment's groups: created by the StatefulSet of their
+    instance (for a LeaderWorkerSet, by the StatefulSets its controller made for it) and named for
+    their rank. Labels alone prove nothing: any pod in the namespace can carry them, and an
+    impostor taken for a leader would receive pushes with a runtime token, or for a failed rank
+    would make the operator restart a group."""
+    groups = {g["name"]: g for g in group_objects}
+    out = []
+    for pod in pods:
+        instance = L.instance_name(name, str(pod["pool"]), int(pod["instance"]))
+        group, owner, rank = groups.get(instance), pod.get("owner") or {}, int(pod["rank"])
+        if group is None or owner.get("kind") != "StatefulSet":
+            continue
+        if group["kind"] == "StatefulSet":
+            ok = owner.get("uid") == group.get("uid") and owner.get("name") == instance
+            ok = ok and pod["name"] == f"{instance}-{rank}"
+        elif rank == 0:  # LeaderWorkerSet: the leader's StatefulSet is named for the set
+            ok = owner.get("name") == instance and pod["name"] == f"{instance}-0"
+        else:  # and the workers' for its group 0
+            ok = owner.get("name") == f"{instance}-0" and pod["name"] == f"{instance}-0-{rank}"
+        if ok:
+            out.append(pod)
+    return out
+
+
 def group_states(
     spec: MoEDeploymentSpec,
     name: str,
@@ -82,29 +110,31 @@ def group_states(
                 created=parse_time(pod["created"]),
                 template_hash=pod["templateHash"],
                 node=pod["node"],
+                ready_changed=parse_time(pod["readyChanged"]) if pod.get("readyChanged") else None,
             )
         )
     previous = {p.key: p for p in previous_sites(group_objects, name)}
     out = []
     by_name = {g["name"]: g for g in group_objects}
     specs = pools(spec)
-    for placement in plan.sites:
-        obj = by_name.get(L.instance_name(name, placement.pool, placement.index))
+    for site in plan.sites:
+        obj = by_name.get(L.instance_name(name, site.pool, site.index))
         if obj is None:
             continue
         ann = obj["annotations"]
-        old = previous.get(placement.key)
+        old = previous.get(site.key)
         out.append(
             GroupState(
-                pool=placement.pool,
-                index=placement.index,
-                nnodes=pool_layout(specs[placement.pool], spec.topology).nodes,  # type: ignore[index]
+                pool=site.pool,
+                index=site.index,
+                nnodes=pool_layout(specs[site.pool], spec.topology).nodes,  # type: ignore[index]
                 template_hash=(desired_hashes or {}).get(obj["name"]) or ann.get(K.TEMPLATE_HASH, ""),
                 epoch=parse_time(ann.get(K.GROUP_EPOCH) or obj["created"]),
                 restarts=int(ann.get(K.GROUP_RESTARTS, "0")),
-                pods=tuple(sorted(by_instance.get(placement.key, []), key=lambda p: p.rank)),
+                pods=tuple(sorted(by_instance.get(site.key, []), key=lambda p: p.rank)),
                 members=frozenset(filter(None, ann.get(K.GROUP_MEMBERS, "").split(","))),
-                moved=old is not None and old.nodes != placement.nodes,
+                moved=old is not None and old.nodes != site.nodes,
+                unready_limit_s=parse_duration(spec.engine.startup_timeout),
             )
         )
     return out

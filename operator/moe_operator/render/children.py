@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from moe_operator.api import MoEDeploymentSpec
@@ -11,6 +11,7 @@ from moe_operator.api.derived import pools
 from moe_operator.render import labels as L
 from moe_operator.render.engine import eplb_mode
 from moe_operator.render.group import GroupBackend, Owner, RuntimeSettings, instance_objects
+from moe_operator.render.monitoring import monitoring_objects
 from moe_operator.render.shared import (
     engine_config_map,
     pool_disruption_budget,
@@ -36,6 +37,7 @@ def render_children(
     settings: RuntimeSettings,
     placement: Mapping[str, int] | None = None,
     backend: GroupBackend = "StatefulSet",
+    monitoring: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """Desired children, each annotated with a hash of its content (unchanged hash: no write).
 
@@ -52,6 +54,7 @@ def render_children(
             if instance.pool == pool:
                 objects += instance_objects(spec, owner, pool, instance, settings, config_hash, boot, backend)
     objects += router_objects(spec, owner)
+    objects += [o for o in monitoring_objects(spec, owner) if o["kind"] in monitoring]
     for obj in objects:
         annotations = obj["metadata"].setdefault("annotations", {})
         annotations[K.SPEC_HASH] = L.content_hash({k: v for k, v in obj.items() if k != "status"})
