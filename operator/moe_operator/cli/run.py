@@ -79,23 +79,6 @@ def _webhook_files(args: argparse.Namespace) -> tuple[Path, Path, Path]:
     return certs.cert, certs.key, certs.ca_cert
 
 
-def run(args: argparse.Namespace) -> int:
-    import kopf
-    from prometheus_client import start_http_server
-
-    from moe_operator.handlers import control_loop, indexes, reconcile  # noqa: F401  (registers handlers)
-
-    if not args.no_webhook:
-        # Imported only when served: kopf refuses to start with admission handlers and no server.
-        from moe_operator.handlers import admission  # noqa: F401
-    from moe_operator.handlers.kube import Kube
-    from moe_operator.handlers.metrics import OperatorMetrics
-    from moe_operator.handlers.state import OperatorState
-    from moe_operator.handlers.wakeups import Wakeups
-    from moe_operator.render.group import RuntimeSettings
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    routine: tuple[Callable[..., Any], ...] = (
 OPTIONAL_APIS = {
     "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
     "PodMonitor": ("monitoring.coreos.com/v1", "podmonitors"),
@@ -122,6 +105,23 @@ def served_optional_kinds(kube: Any) -> frozenset[str]:
     return frozenset(found)
 
 
+def run(args: argparse.Namespace) -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    from moe_operator.handlers import control_loop, indexes, reconcile  # noqa: F401  (registers handlers)
+
+    if not args.no_webhook:
+        # Imported only when served: kopf refuses to start with admission handlers and no server.
+        from moe_operator.handlers import admission  # noqa: F401
+    from moe_operator.handlers.kube import Kube
+    from moe_operator.handlers.metrics import OperatorMetrics
+    from moe_operator.handlers.state import OperatorState
+    from moe_operator.handlers.wakeups import Wakeups
+    from moe_operator.render.group import RuntimeSettings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    routine: tuple[Callable[..., Any], ...] = (
         reconcile.on_timer,
         reconcile.on_child_event,
         reconcile.on_event,
