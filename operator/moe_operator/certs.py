@@ -7,6 +7,7 @@ client credentials. Both are reissued when they near expiry; the pure ``needs_re
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import os
 from collections.abc import Sequence
@@ -137,3 +138,31 @@ def _serving_cert(
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+
+
+# --------------------------------------------------------------------------- shared by replicas
+
+SECRET_KEYS = ("ca.crt", "ca.key", "tls.crt", "tls.key")
+_FILES = {"ca.crt": "ca.crt", "ca.key": "ca.key", "tls.crt": "webhook.crt", "tls.key": "webhook.key"}
+
+
+def secret_data(directory: Path) -> dict[str, str]:
+    """The PKI files of ``directory`` as Secret data (base64), under the kubernetes.io/tls names."""
+    return {key: base64.b64encode((directory / name).read_bytes()).decode() for key, name in _FILES.items()}
+
+
+def write_secret_data(directory: Path, data: dict[str, str]) -> bool:
+    """Write a Secret's PKI into ``directory``; False when it lacks a part (then nothing is written)."""
+    if not all(isinstance(data.get(k), str) for k in SECRET_KEYS):
+        return False
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for key, name in _FILES.items():
+        path = directory / name
+        raw = base64.b64decode(data[key])
+        if name.endswith(".key"):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(raw)
+        else:
+            path.write_bytes(raw)
+    return True

@@ -249,3 +249,40 @@ def test_history_stays_within_its_byte_bound_dropping_the_oldest() -> None:
     h = History(max_bytes=3 * one)
     h.add([window("a", s, float(s), rng) for s in range(1, 6)])
     assert [w.seq for w in h.windows] == [3, 4, 5]
+
+
+def test_read_stored_adopts_only_valid_bounded_documents() -> None:
+    import json as _json
+    import time as _time
+    from datetime import UTC, datetime
+
+    from moe_operator.control.live import read_stored
+
+    shape = PoolShape(
+        num_layers=L, num_experts=E, num_redundant=R, num_gpus=G, num_nodes=1, num_groups=1, dispatch="static"
+    )
+    now = _time.time()
+    good = document(3, trivial_map(L, E, E + R), datetime.fromtimestamp(now - 60, UTC))
+
+    def cm(doc: object, paused: str = "") -> dict:  # type: ignore[type-arg]
+        meta = {"annotations": {K.PLACEMENT_PAUSED: paused}} if paused else {}
+        return {
+            "metadata": meta,
+            "data": {"placement.json": doc if isinstance(doc, str) else _json.dumps(doc)},
+        }
+
+    ok = read_stored(cm(good, paused="rollback"), shape, now)
+    assert ok.version == 3 and ok.phy2log is not None and ok.paused == "rollback"
+    dropped = trivial_map(L, E, E + R)
+    dropped[1, :] = 0
+    hostile = [
+        {**good, "physicalToLogicalMap": dropped.tolist()},  # drops experts
+        {**good, "version": 10**12},  # locks every later version out
+        {**good, "generatedAt": "2099-01-01T00:00:00Z"},  # defeats the staleness check
+        {**good, "physicalToLogicalMap": [[0] * (E + R)]},  # wrong shape
+        "{not json",
+        "[" * 100_000 + "]" * 100_000,  # deep
+    ]
+    for doc in hostile:
+        got = read_stored(cm(doc), shape, now)
+        assert got.phy2log is None and got.problems, doc if isinstance(doc, dict) else doc[:20]

@@ -13,6 +13,7 @@ from moe_operator.reconcile.children import diff_children
 from moe_operator.reconcile.groups import group_actions
 from moe_operator.reconcile.observe import trusted_pods
 from moe_operator.reconcile.status import compute_status, ready_event, stop_status
+from moe_operator.reconcile.token import token_of
 from moe_operator.render.children import render_children
 from moe_operator.render.group import Owner, RuntimeSettings
 from moe_operator.topology.planner import TopologyPlan, Waiting
@@ -241,3 +242,19 @@ def test_leaderworkerset_pods_are_trusted_by_their_controllers_statefulsets() ->
         ),  # not a worker name
     ]
     assert [p["name"] for p in trusted_pods(pods, lws, "m")] == ["m-decode-0-0", "m-decode-0-0-1"]
+
+
+def test_a_token_secret_counts_only_when_this_deployment_owns_it() -> None:
+    mine = {
+        "metadata": {"ownerReferences": [{"uid": "uid-1", "controller": True}]},
+        "data": {"token": "c2VjcmV0"},
+    }
+    assert token_of(mine, "uid-1") == "secret"
+    assert token_of(mine, "uid-2") is None  # someone else's deployment
+    foreign = {"metadata": {}, "data": {"token": "c2VjcmV0"}}  # made by hand under the expected name
+    assert token_of(foreign, "uid-1") is None
+    not_controller = {"metadata": {"ownerReferences": [{"uid": "uid-1"}]}, "data": {"token": "c2VjcmV0"}}
+    assert token_of(not_controller, "uid-1") is None
+    for data in ({}, {"token": "!!!"}, {"token": ""}, {"token": 5}):
+        assert token_of({"metadata": mine["metadata"], "data": data}, "uid-1") is None
+    assert token_of(None, "uid-1") is None

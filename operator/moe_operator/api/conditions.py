@@ -39,6 +39,7 @@ class Reason(StrEnum):
     LEADERWORKERSET_NOT_INSTALLED = "LeaderWorkerSetNotInstalled"
     LEADERWORKERSET_NOT_WATCHED = "LeaderWorkerSetNotWatched"
     AS_EXPECTED = "AsExpected"
+    TOKEN_SECRET_NOT_OWNED = "TokenSecretNotOwned"
     # events of the expert-placement control loop
     PLACEMENT_PUBLISHED = "PlacementPublished"
     PLACEMENT_ADOPTED = "PlacementAdopted"

@@ -6,11 +6,13 @@ import argparse
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from moe_operator.api import keys as K
+from moe_operator.cli.webhook import certificate_source, watch_certificate, webhook_files
 
 
 def register(subparsers: Any) -> None:
@@ -20,7 +22,32 @@ def register(subparsers: Any) -> None:
         description="Reconciles MoEDeployments and serves the validating admission webhook.",
     )
     p.add_argument("--namespace", "-n", action="append", default=[], help="watch only these namespaces")
-    p.add_argument("--standalone", action="store_true", default=True, help="no peering (one operator)")
+    p.add_argument(
+        "--peering",
+        default="moe-operator",
+        metavar="NAME",
+        help="the kopf peering object through which replicas elect the one that acts (a ClusterKopfPeering, "
+        "or a KopfPeering per namespace with --namespace); without it the operator runs alone",
+    )
+    p.add_argument(
+        "--peering-required",
+        action="store_true",
+        help="refuse to run without the peering object (set when several replicas run)",
+    )
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority; default: earlier-started replicas first, so a restarted one never "
+        "takes over from a healthy leader",
+    )
+    p.add_argument(
+        "--peering-lifetime",
+        type=int,
+        default=15,
+        help="seconds a replica's peering record lives: a dead leader is replaced within about this",
+    )
+    p.add_argument("--standalone", action="store_true", help="no peering at all: only one replica may run")
     p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="kopf liveness endpoint URL")
     p.add_argument("--metrics-port", type=int, default=9100, help="Prometheus metrics port (0 disables)")
     p.add_argument("--webhook-addr", default="127.0.0.1", help="address the webhook server listens on")
@@ -30,6 +57,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--webhook-key", type=Path, default=None)
     p.add_argument("--webhook-ca", type=Path, default=None, help="CA bundle the apiserver trusts the cert by")
     p.add_argument("--no-webhook", action="store_true", help="do not serve or register the webhook")
+    p.add_argument(
+        "--webhook-cert-secret",
+        default=None,
+        metavar="NAME",
+        help="keep the generated webhook CA and certificate in this Secret (in --webhook-cert-namespace), "
+        "so every replica serves the same one; renewed near expiry",
+    )
+    p.add_argument(
+        "--webhook-cert-namespace",
+        default=os.environ.get("POD_NAMESPACE", "moe-system"),
+        help="namespace of --webhook-cert-secret (default: $POD_NAMESPACE, else moe-system)",
+    )
     p.add_argument(
         "--runtime-image",
         default=os.environ.get("MOE_RUNTIME_IMAGE", "ghcr.io/moe-inference/moe-runtime:0.1.0"),
@@ -60,25 +99,6 @@ class RoutineSuccessFilter(logging.Filter):
         return not (record.levelno == logging.INFO and self._routine.match(record.getMessage()))
 
 
-def _cert_dir() -> Path:
-    """Where generated webhook certificates live (XDG cache, or $MOE_WEBHOOK_CERT_DIR)."""
-    explicit = os.environ.get("MOE_WEBHOOK_CERT_DIR")
-    if explicit:
-        return Path(explicit)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(cache) / "moe-operator" / "webhook-pki"
-
-
-def _webhook_files(args: argparse.Namespace) -> tuple[Path, Path, Path]:
-    if args.webhook_cert and args.webhook_key and args.webhook_ca:
-        return args.webhook_cert, args.webhook_key, args.webhook_ca
-    from moe_operator.certs import ensure_webhook_certs
-
-    host = args.webhook_host or args.webhook_addr
-    certs = ensure_webhook_certs(_cert_dir(), list(dict.fromkeys([host, "localhost", "127.0.0.1"])))
-    return certs.cert, certs.key, certs.ca_cert
-
-
 OPTIONAL_APIS = {
     "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
     "PodMonitor": ("monitoring.coreos.com/v1", "podmonitors"),
@@ -103,6 +123,18 @@ def served_optional_kinds(kube: Any) -> frozenset[str]:
         if plural in groups[group_version]:
             found.add(kind)
     return frozenset(found)
+
+
+def configure_peering(settings: Any, args: argparse.Namespace) -> None:
+    """Leader election through kopf peering: the replica with the highest priority acts, the others
+    pause until its record (``--peering-lifetime`` seconds) expires. The default priority is minus
+    the start time in microseconds: the oldest live replica leads, ties cannot happen in practice
+    (kopf freezes every replica of equal priority), and a restarted replica waits behind the leader."""
+    settings.peering.name = args.peering
+    settings.peering.mandatory = args.peering_required
+    settings.peering.priority = args.priority if args.priority is not None else -(time.time_ns() // 1000)
+    settings.peering.lifetime = args.peering_lifetime
+    settings.peering.stealth = True  # keep-alives are not logged
 
 
 def run(args: argparse.Namespace) -> int:
@@ -140,7 +172,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="0.0.0.0", registry=metrics.registry)
-    webhook = None if args.no_webhook else _webhook_files(args)
+    webhook = None if args.no_webhook else webhook_files(args, state.kube)
+    if webhook is not None:
+        watch_certificate(webhook[0], certificate_source(args, state.kube))
 
     @kopf.on.startup()
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -154,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         settings.watching.client_timeout = 330
         settings.watching.inactivity_timeout = 600
         settings.execution.max_workers = 16
+        configure_peering(settings, args)
         state.executor = settings.execution.executor
         # kopf only watches what discovery listed at start: optional kinds are used only when watched.
         state.watched_kinds = served_optional_kinds(state.kube)
@@ -174,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
 
     kopf.run(
         memo=kopf.Memo(operator=state),
-        standalone=args.standalone,
+        standalone=True if args.standalone else None,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=args.liveness or None,

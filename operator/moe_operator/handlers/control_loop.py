@@ -13,9 +13,6 @@ broken pool costs no API writes after the first report.
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,10 +22,8 @@ from typing import Any
 
 import httpx
 import kopf
-import numpy as np
 
 from moe_operator.api import MoEDeploymentSpec
-from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason
 from moe_operator.api.derived import pool_layout, resolve_architecture, world_size
 from moe_operator.api.names import GROUP, PLURAL
@@ -36,11 +31,20 @@ from moe_operator.api.types import parse_duration
 from moe_operator.control import history_store
 from moe_operator.control.client import RuntimeAnswerError, RuntimeClient
 from moe_operator.control.evaluate import Evaluation, NoFreshWindows, Policy, PoolShape, evaluate
-from moe_operator.control.publish import configmaps, expired_versions, history_configmap, history_name
+from moe_operator.control.live import StoredPlacement, read_stored
+from moe_operator.control.publish import (
+    KEEP_VERSIONS,
+    configmaps,
+    expired_versions,
+    history_configmap,
+    history_name,
+    version_name,
+)
 from moe_operator.control.windows import parse_windows
 from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.state import OperatorState, PoolState, operator_of
 from moe_operator.reconcile.observe import trusted_pods
+from moe_operator.reconcile.token import token_of
 from moe_operator.render.group import Owner, placement_config_name, token_secret_name
 from moe_placement import document
 from moe_placement.maps import trivial_map
@@ -127,44 +131,55 @@ def restore(t: Tick) -> None:
 def adopt_live(t: Tick) -> str:
     """Read the live ConfigMap; adopt a newer, valid version published outside the loop (a rollback,
     or the first read after a start). Returns the pause reason ('' when not paused). A version that
-    breaks the map rules is never adopted: an event says why and the last good map stays current."""
-    cm = t.op.kube.get(
-        f"/api/v1/namespaces/{t.owner.namespace}/configmaps/{placement_config_name(t.owner.name, t.pool)}"
-    )
+    breaks the document's bounds or the map rules is never adopted: an event says why and the last
+    good map stays current (after a restart: the newest valid kept copy)."""
+    cm = t.op.kube.get(_cm_path(t, placement_config_name(t.owner.name, t.pool)))
     if not cm:
         return ""
-    paused = str(((cm.get("metadata") or {}).get("annotations") or {}).get(K.PLACEMENT_PAUSED) or "")
-    s, shape = t.state, t.shape
-    try:
-        doc = json.loads((cm.get("data") or {}).get("placement.json") or "{}")
-        version = int(doc.get("version") or 0)
-        arr = np.asarray(doc.get("physicalToLogicalMap"), dtype=np.int64)
-    except (ValueError, TypeError, AttributeError, OverflowError):
-        doc, version, arr = {}, s.version + 1, np.zeros((0,), dtype=np.int64)
-    if s.current is not None and version <= s.version:
-        return paused
-    bad = shape.problems(arr) if doc else ["not a placement document"]
-    if bad:
-        if s.refused_version != version:
-            s.refused_version = version
-            t.op.metrics.counter(
-                "moe_operator_rebalance_failures_total", *t.labels, "configmap_refused"
-            ).inc()
-            kopf.event(t.body, type="Warning", reason=Reason.PLACEMENT_REFUSED,
-                       message=f"{t.pool}: the live placement ConfigMap is not a valid map ({'; '.join(bad[:2])}); "
-                       f"keeping v{s.version}")  # fmt: skip
-        return paused
+    s, live = t.state, read_stored(cm, t.shape, t.now)
+    if s.current is not None and live.version is not None and live.version <= s.version:
+        return live.paused
+    if live.phy2log is None:
+        refuse(t, live)
+        live = newest_kept(t) if s.current is None else live
+        if live.phy2log is None:
+            return live.paused
     adopted = s.current is not None
-    s.current, s.doc, s.version = arr, doc, max(s.version, version)
-    # minInterval counts from the adopted version's publication (a rollback's time)
-    with contextlib.suppress(ValueError):
-        generated = _ts(str(doc.get("generatedAt") or ""))
-        if generated is not None:
-            s.published_at = max(s.published_at or 0.0, generated)
+    assert live.version is not None
+    s.current, s.doc, s.version = live.phy2log, live.doc, max(s.version, live.version)
+    if live.generated_at is not None:  # minInterval counts from the adopted version's publication
+        s.published_at = max(s.published_at or 0.0, live.generated_at)
     if adopted:
         t.event(Reason.PLACEMENT_ADOPTED,
                 f"{t.pool} v{s.version} was published outside the control loop (a rollback); it is now current")  # fmt: skip
-    return paused
+    return live.paused
+
+
+def refuse(t: Tick, live: StoredPlacement) -> None:
+    """One warning event (and a metric) per refused version of the live ConfigMap."""
+    key = f"{live.version}: {live.problems[:1]}"
+    if t.state.refused == key:
+        return
+    t.state.refused = key
+    t.count("moe_operator_rebalance_failures_total", "configmap_refused")
+    kopf.event(t.body, type="Warning", reason=Reason.PLACEMENT_REFUSED,
+               message=f"{t.pool}: the live placement ConfigMap is not a valid placement "
+               f"({'; '.join(live.problems[:2])}); keeping v{t.state.version}")  # fmt: skip
+
+
+def newest_kept(t: Tick) -> StoredPlacement:
+    """After a restart with a broken live ConfigMap: the newest valid of the kept versioned copies."""
+    newest = int(t.status.get("version") or 0)
+    for version in range(newest, max(newest - KEEP_VERSIONS, 0), -1):
+        cm = t.op.kube.get(_cm_path(t, version_name(t.owner.name, t.pool, version)))
+        kept = read_stored(cm, t.shape, t.now) if cm else None
+        if kept is not None and kept.phy2log is not None and kept.version == version:
+            return kept
+    return StoredPlacement(None, None)
+
+
+def _cm_path(t: Tick, name: str) -> str:
+    return f"/api/v1/namespaces/{t.owner.namespace}/configmaps/{name}"
 
 
 def collect(t: Tick, client: RuntimeClient, leaders: list[dict[str, Any]]) -> tuple[list[str], int]:
@@ -264,12 +279,15 @@ def push(t: Tick, client: RuntimeClient, leaders: list[dict[str, Any]]) -> str:
 
 
 def client_token(t: Tick) -> str | None:
-    """The deployment's runtime token (its Secret is created by the reconciler)."""
+    """The deployment's runtime token (its Secret is created by the reconciler); when it is gone or
+    not the deployment's own, the reconciler is told to look again (and recreate it)."""
     secret = t.op.kube.get(
         f"/api/v1/namespaces/{t.owner.namespace}/secrets/{token_secret_name(t.owner.name)}"
     )
-    raw = ((secret or {}).get("data") or {}).get("token")
-    return base64.b64decode(raw).decode().strip() if raw else None
+    token = token_of(secret, t.owner.uid)
+    if token is None:
+        t.op.deployment(t.owner.uid).token_present = False
+    return token
 
 
 def evaluate_pool(t: Tick, leaders: list[dict[str, Any]], logger: Any) -> dict[str, Any] | None:

@@ -219,6 +219,10 @@ class Kube:
             applied += wave
         return applied
 
+    def replace(self, obj_path: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """PUT with the object's resourceVersion: a 409 means someone changed it first."""
+        return self._check(self._http.put(obj_path, params={"fieldManager": K.FIELD_MANAGER}, json=obj))
+
     def merge_patch(self, obj_path: str, patch: dict[str, Any], field_manager: str) -> dict[str, Any]:
         resp = self._http.patch(
             obj_path,

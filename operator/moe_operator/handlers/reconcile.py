@@ -6,7 +6,7 @@ change. Every decision is a pure function (moe_operator.reconcile); the steps re
 and write. A spec the rules refuse (the webhook fails open) stops the reconcile before any
 child is touched.
 
-    check the spec -> choose the group backend -> plan the topology -> ensure the runtime token
+    check the spec -> choose the group backend -> ensure the runtime token -> plan the topology
     -> render -> diff -> apply and prune -> act on groups (restart, roll, record) -> write status
 """
 
@@ -40,6 +40,7 @@ from moe_operator.reconcile.children import ChildChanges, api_version, child_key
 from moe_operator.reconcile.groups import GroupActions, group_actions
 from moe_operator.reconcile.observe import group_states, node_snapshot, previous_sites, trusted_pods
 from moe_operator.reconcile.status import Event, compute_status, ready_event, status_changed, stop_status
+from moe_operator.reconcile.token import token_of
 from moe_operator.render import labels as L
 from moe_operator.render.children import placement_versions, render_children
 from moe_operator.render.group import LWS_API_VERSION, GroupBackend, Owner, token_secret_name
@@ -120,8 +121,9 @@ def _steps(t: Target) -> None:
         return
     children = t.children()
     group_objects = [c for c in children if c["kind"] == backend]
+    if not ensure_token(t):
+        return
     plan = plan_instances(t, spec, group_objects)
-    ensure_token(t)
     monitoring = monitoring_kinds(t, spec)
     desired = render_children(
         spec, t.owner, plan, t.op.settings, placement_versions(t.status), backend, monitoring
@@ -215,18 +217,28 @@ def plan_instances(t: Target, spec: MoEDeploymentSpec, group_objects: list[dict[
     return plan
 
 
-def ensure_token(t: Target) -> None:
+def ensure_token(t: Target) -> bool:
     """The runtime token: created once, kept across reconciles and operator restarts. Looked up once
-    per deployment and process rather than watched: the operator needs no list/watch on Secrets.
-    A deployment never reconciled has none yet: create it without looking first."""
+    per deployment and process rather than watched: the operator needs no list/watch on Secrets
+    (the control loop notices a deleted one and the next reconcile creates it again). A Secret of
+    that name the deployment does not own is never adopted: False after reporting it."""
     if t.state.token_present:
-        return
+        return True
     kube, owner = t.op.kube, t.owner
-    never_reconciled = "observedGeneration" not in t.status
-    path = f"/api/v1/namespaces/{owner.namespace}/secrets/{token_secret_name(owner.name)}"
-    if never_reconciled or kube.get(path) is None:
-        kube.create(token_secret(owner, secrets.token_urlsafe(32)))  # leaves an existing one alone
+    name = token_secret_name(owner.name)
+    path = f"/api/v1/namespaces/{owner.namespace}/secrets/{name}"
+    # A deployment never reconciled has none yet: create it without looking first.
+    existing = None if "observedGeneration" not in t.status else kube.get(path)
+    if existing is None and kube.create(token_secret(owner, secrets.token_urlsafe(32))) is None:
+        existing = kube.get(path)  # it existed after all
+    if existing is not None and token_of(existing, owner.uid) is None:
+        stop(t, Reason.TOKEN_SECRET_NOT_OWNED, (
+            f"Secret {name} exists but was not made by this MoEDeployment (or holds no token), so it "
+            f"cannot be trusted to authorize placement pushes: delete it and the operator creates its own"
+        ))  # fmt: skip
+        return False
     t.state.token_present = True
+    return True
 
 
 def apply_and_prune(t: Target, changes: ChildChanges) -> None:

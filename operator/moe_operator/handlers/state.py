@@ -40,7 +40,7 @@ class PoolState:
     evaluated_at: float | None = None
     loaded: bool = False
     restored_buckets: int = 0  # load-history buckets read back from the history ConfigMap
-    refused_version: int | None = None  # a live ConfigMap version refused (its event was posted)
+    refused: str | None = None  # the live ConfigMap content last refused (its event was posted)
 
 
 @dataclass

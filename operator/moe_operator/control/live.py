@@ -1,0 +1,48 @@
+"""Reading a placement ConfigMap back (pure): the version it holds, and whether it may be adopted.
+
+Anyone with write access to the namespace can edit the live ConfigMap (a rollback does, by design),
+so what comes back is checked like any peer's input: the document's envelope with its bounds
+(moe_placement.document) and the map against the pool's shape (the one expert-map validator).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from moe_operator.api import keys as K
+from moe_operator.control.evaluate import PoolShape
+from moe_placement import document
+
+
+@dataclass(frozen=True)
+class StoredPlacement:
+    """One placement ConfigMap as read back."""
+
+    version: int | None  # None when the document is unreadable
+    phy2log: np.ndarray | None  # set only when it may be adopted
+    doc: dict[str, Any] = field(default_factory=dict)
+    paused: str = ""  # the pause annotation of a rollback ('' when not paused)
+    generated_at: float | None = None
+    problems: tuple[str, ...] = ()
+
+
+def read_stored(cm: Mapping[str, Any], shape: PoolShape, now: float) -> StoredPlacement:
+    annotations = (cm.get("metadata") or {}).get("annotations") or {}
+    paused = str(annotations.get(K.PLACEMENT_PAUSED) or "")
+    try:
+        doc = json.loads((cm.get("data") or {}).get("placement.json") or "{}")
+        parsed = document.parse(doc, now=now)
+    except (ValueError, TypeError, RecursionError) as exc:
+        return StoredPlacement(
+            None, None, paused=paused, problems=(f"not a placement document: {exc}"[:200],)
+        )
+    problems = tuple(shape.problems(parsed.physical_to_logical_map))
+    if problems:
+        return StoredPlacement(parsed.version, None, doc, paused, parsed.generated_at, problems)
+    arr = np.asarray(parsed.physical_to_logical_map, dtype=np.int64)
+    return StoredPlacement(parsed.version, arr, doc, paused, parsed.generated_at)
