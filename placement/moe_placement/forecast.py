@@ -47,6 +47,7 @@ class Forecast:
     rule: str  # the candidate the backtest chose
     horizon: int  # rows of history the forecast is for
     errors: FloatArray | None = None  # [C] backtest error of each candidate (None without a backtest)
+    recent: np.ndarray | None = None  # [K] scenarios from the newer half of their kind (held out)
 
 
 def shares(history: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -129,7 +130,8 @@ def forecast(
         [weighted_mean(rule_weights([num_rows], num_rows, horizon)[0], v, m) for v, m in sources]
     )  # [C, L, E]
     if not ends:
-        return Forecast(final[0], _scenarios(final[0], None, steps), "last", horizon)
+        scen, recent = _scenarios(final[0], None, steps)
+        return Forecast(final[0], scen, "last", horizon, recent=recent)
     predicted = np.concatenate(
         [weighted_mean(rule_weights(ends, num_rows, horizon), v, m) for v, m in sources], axis=1
     )  # [J, C, L, E]
@@ -146,16 +148,25 @@ def forecast(
         best = 0
     residual = target - predicted[:, best]  # [J, L, E] the chosen rule's own past errors
     mean = np.clip(final[best], 0.0, None)
-    return Forecast(mean, _scenarios(mean, residual, steps), names[best], horizon, err)
+    scen, recent = _scenarios(mean, residual, steps)
+    return Forecast(mean, scen, names[best], horizon, err, recent)
 
 
-def _scenarios(mean: FloatArray, residual: FloatArray | None, steps: FloatArray | None) -> FloatArray:
-    """The forecast itself, the forecast plus each past error, and (with steps) plus a step's spread each."""
+def _scenarios(
+    mean: FloatArray, residual: FloatArray | None, steps: FloatArray | None
+) -> tuple[FloatArray, np.ndarray]:
+    """The forecast itself, the forecast plus each past error, and (with steps) plus a step's spread each.
+
+    Also returns which scenarios are the newer half of their kind (the later step samples,
+    the more recent backtest errors): plans are tried on the older half and judged on these.
+    """
     parts = [mean[None]]
+    recent = [np.zeros(1, dtype=bool)]
     if residual is not None:
-        parts.append(mean[None] + residual)
+        parts.append(mean[None] + residual)  # newest first
+        recent.append(np.arange(residual.shape[0]) < residual.shape[0] // 2)
     if steps is not None and steps.shape[0] > 1:
-        per_step, _ = shares(steps)
+        per_step, _ = shares(steps)  # oldest first
         if per_step.shape[0] > MAX_STEP_SCENARIOS:
             per_step = per_step[np.linspace(0, per_step.shape[0] - 1, MAX_STEP_SCENARIOS).astype(int)]
         spread = per_step - per_step.mean(axis=0)
@@ -165,5 +176,6 @@ def _scenarios(mean: FloatArray, residual: FloatArray | None, steps: FloatArray 
             else mean[None] + residual[np.arange(spread.shape[0]) % residual.shape[0]]
         )
         parts.append(level + spread)
+        recent.append(np.arange(spread.shape[0]) >= (spread.shape[0] + 1) // 2)
     out: FloatArray = np.clip(np.concatenate(parts), 0.0, None)
-    return out
+    return out, np.concatenate(recent)

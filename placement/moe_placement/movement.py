@@ -1,7 +1,8 @@
 """Decide, layer by layer, how far to move from the current placement (each loaded copy costs a transfer).
 
-Three options per layer: keep it; repair it within an even share of the move budget; or
-take the fresh plan relabelled to share as many slots with it as possible (matching.py).
+Three options per layer: keep it; repair it within an even share of the move budget (only
+when there is a budget); or take the fresh plan relabelled to share as many slots with it
+as possible (matching.py).
 Repair first relabels spare copies toward the fresh plan's copy counts (one copy loaded
 each), then exchanges copies between GPUs on the forecast scenarios (search.py, two copies
 loaded each) while the share lasts. The options are compared on the forecast scenarios
@@ -44,10 +45,13 @@ def respect_current(
 ) -> tuple[IntArray, BoolArray]:
     """Final map [L, P] and which layers changed."""
     num_layers = layout.num_layers
-    share = layout.num_slots if max_moves is None else max_moves // num_layers
-    target = expert_counts(fresh, layout.num_experts)
-    repaired = repair_current(current, target, fc, layout, dispatch, share)
     matched = match_to_current(fresh, current, layout, dispatch)
+    if max_moves is None:  # no cap: the fresh plan, unless keeping the current one is as good
+        repaired = current
+    else:
+        target = expert_counts(fresh, layout.num_experts)
+        repaired = repair_current(current, target, fc, layout, dispatch, max_moves // num_layers)
+    share = layout.num_slots if max_moves is None else max_moves // num_layers
     options = np.stack([current, repaired, matched])  # [3, L, P]
     obj = np.stack([expected_imbalance(m, fc, layout, dispatch) for m in options])  # [3, L]
     cost = np.stack([gpu_moves_per_layer(current, m, layout.num_gpus) for m in options]).astype(float)
@@ -135,11 +139,75 @@ def repair_current(
 def repair_rows(
     state: IntArray, target: IntArray, mean: FloatArray, scen: FloatArray, bins: Bins, budget: IntArray
 ) -> IntArray:
-    """Rows of GPUs [B, G, S]: relabel spare copies toward ``target`` [B, E], then exchange copies on scenarios."""
-    rows, num_gpus, slots = state.shape
+    """Rows of GPUs [B, G, S]: relabel spare copies toward ``target`` [B, E], then exchange copies on scenarios.
+
+    A relabel shifts load by a whole copy, which the exchanges must then absorb; per row, the
+    result is compared with exchanges alone (no relabel) and the lower expected peak is kept,
+    so a repair never ends above the current placement.
+    """
+    rows, _, slots = state.shape
     num_experts = mean.shape[1]
-    flat = state.reshape(rows, -1).copy()
-    left = np.asarray(budget, dtype=np.int64).copy()
+    original = state.reshape(rows, -1)
+    left0 = np.asarray(budget, dtype=np.int64)
+    flat, counts, left = relabel_rows(original, target, mean, bins, left0)
+    if slots == 1:
+        return flat.reshape(state.shape)
+    relabelled = _exchange(flat, counts, mean, scen, bins, left, original)
+    changed = (flat != original).any(axis=1)
+    if not changed.any():
+        return relabelled.reshape(state.shape)
+    kept = _exchange(
+        original[changed],
+        expert_counts(original[changed], num_experts),
+        mean[changed],
+        scen[changed],
+        bins,
+        left0[changed],
+        original[changed],
+    )
+    j_new = _peak(relabelled[changed], scen[changed], num_experts, bins)
+    j_old = _peak(kept, scen[changed], num_experts, bins)
+    out = relabelled.copy()
+    out[np.flatnonzero(changed)[j_old < j_new]] = kept[j_old < j_new]
+    return out.reshape(state.shape)
+
+
+def _peak(flat: IntArray, scen: FloatArray, num_experts: int, bins: Bins) -> FloatArray:
+    """Expected peak of rows of slots [B, P] (copies split evenly)."""
+    layout = np.arange(flat.shape[1]).reshape(1, bins.num_gpus, bins.slots).repeat(flat.shape[0], axis=0)
+    return expected_peak(gpu_scenario_loads(item_loads(scen, expert_counts(flat, num_experts), flat), layout))
+
+
+def _exchange(
+    flat: IntArray,
+    counts: IntArray,
+    mean: FloatArray,
+    scen: FloatArray,
+    bins: Bins,
+    left: IntArray,
+    original: IntArray,
+) -> IntArray:
+    """Re-pack a subset, then exchange copies, within what is left of each row's budget."""
+    rows, total = flat.shape
+    num_gpus, slots = bins.num_gpus, bins.slots
+    if bins.num_domains == num_gpus:  # conflict domain = GPU: a subset can be re-packed on its own
+        flat, left = repack_subset(flat, counts, mean, scen, bins, left, original)
+    loads = item_loads(scen, counts, flat)  # items are the slots themselves
+    start = np.broadcast_to(np.arange(total).reshape(1, num_gpus, slots), (rows, num_gpus, slots)).copy()
+    order = pair_refine(loads, flat, mean.shape[1], bins, start, swaps=np.maximum(left, 0) // 2)
+    out: IntArray = np.take_along_axis(flat, order.reshape(rows, -1), axis=1)
+    return out
+
+
+def relabel_rows(
+    original: IntArray, target: IntArray, mean: FloatArray, bins: Bins, budget: IntArray
+) -> tuple[IntArray, IntArray, IntArray]:
+    """Spare copies relabelled toward ``target`` counts where the shift is real. -> (rows, counts, budget left)."""
+    rows = original.shape[0]
+    slots, num_gpus = bins.slots, bins.num_gpus
+    num_experts = mean.shape[1]
+    flat = original.copy()
+    left = budget.copy()
     counts = expert_counts(flat, num_experts)
     slot_dom = np.repeat(bins.domain, slots)
     held = np.zeros((rows, bins.num_domains, num_experts), dtype=np.int64)
@@ -184,14 +252,7 @@ def repair_rows(
         left[r] -= 1
         if not go.any():
             break
-    if slots == 1:
-        return flat.reshape(state.shape)
-    if bins.num_domains == num_gpus:  # conflict domain = GPU: a subset can be re-packed on its own
-        flat, left = repack_subset(flat, counts, mean, scen, bins, left, state.reshape(rows, -1))
-    loads = item_loads(scen, counts, flat)  # items are the slots themselves
-    start = np.broadcast_to(np.arange(flat.shape[1]).reshape(1, num_gpus, slots), state.shape).copy()
-    order = pair_refine(loads, flat, num_experts, bins, start, swaps=np.maximum(left, 0) // 2)
-    return np.take_along_axis(flat, order.reshape(rows, -1), axis=1).reshape(state.shape)
+    return flat, counts, left
 
 
 def repack_subset(

@@ -18,17 +18,25 @@ def keep_positions(new: IntArray, old: IntArray) -> IntArray:
     Optimal: the r-th copy of expert e in ``new`` goes where the r-th copy of e was.
     """
     rows, size = new.shape
-    out = np.full_like(new, -1)
     order_new = np.argsort(new, axis=1, kind="stable")
     order_old = np.argsort(old, axis=1, kind="stable")
     key_new = _occurrence_key(np.take_along_axis(new, order_new, axis=1), size)
     key_old = _occurrence_key(np.take_along_axis(old, order_old, axis=1), size)
-    for r in range(rows):
-        _, i_new, i_old = np.intersect1d(key_new[r], key_old[r], assume_unique=True, return_indices=True)
-        out[r, order_old[r, i_old]] = new[r, order_new[r, i_new]]
-        rest_new = np.delete(order_new[r], i_new)
-        free = np.flatnonzero(out[r] == -1)
-        out[r, free] = new[r, rest_new]
+    # all rows at once: offset each row's keys so one sorted search finds every match
+    span = int(max(key_new.max(initial=0), key_old.max(initial=0))) + 1
+    offset = (np.arange(rows, dtype=np.int64) * span)[:, None]
+    flat_old = (key_old + offset).ravel()  # sorted: keys ascend within a row, rows ascend
+    flat_new = (key_new + offset).ravel()
+    at = np.minimum(np.searchsorted(flat_old, flat_new), flat_old.size - 1)
+    hit = (flat_old[at] == flat_new).reshape(rows, size)  # [B, size] in new's sorted order
+    slot_of_hit = order_old.ravel()[at].reshape(rows, size)  # where the matching old copy sits
+    out = np.full_like(new, -1)
+    r_idx = np.broadcast_to(np.arange(rows)[:, None], (rows, size))
+    out[r_idx[hit], slot_of_hit[hit]] = np.take_along_axis(new, order_new, axis=1)[hit]
+    # the rest fill the free GPUs in order
+    free = out == -1
+    rest = np.take_along_axis(new, order_new, axis=1)[~hit]
+    out[free] = rest  # both are row-major, with the same count per row
     return out
 
 

@@ -55,6 +55,44 @@ def lpt(weight: FloatArray, expert: IntArray, num_experts: int, bins: Bins) -> I
         fill[row_ids, gpu] += 1
         gpu_load[row_ids, gpu] += sorted_w[:, step]
         present[row_ids, bins.domain[gpu] * num_experts + e] = True
+    return separate_copies(layout, weight, expert, bins)
+
+
+def separate_copies(layout: IntArray, weight: FloatArray, expert: IntArray, bins: Bins) -> IntArray:
+    """Greedy can be left with a copy in a domain that already holds its expert (the last free
+    slots were all there); swap each such copy with the closest-weight copy elsewhere that
+    makes both domains clean. Rare, so a plain loop over the clashes."""
+    rows, num_gpus, slots = layout.shape
+    dom = np.repeat(bins.domain, slots)
+    width = int(expert.max(initial=0)) + 1
+    keys = np.sort(
+        dom[None, :] * width + np.take_along_axis(expert, layout.reshape(rows, -1), axis=1), axis=1
+    )
+    for r in np.flatnonzero((keys[:, 1:] == keys[:, :-1]).any(axis=1)):
+        flat = layout[r].reshape(-1)
+        for _ in range(flat.size):
+            e = expert[r, flat]
+            key = dom * (int(expert[r].max()) + 1) + e
+            _, first, seen = np.unique(key, return_index=True, return_counts=True)
+            dup = np.flatnonzero(seen > 1)
+            if dup.size == 0:
+                break
+            pos = int(np.flatnonzero(key == key[first[dup[0]]])[1])  # the second copy in that domain
+            here = {int(x) for x in e[dom == dom[pos]]}
+            ok = np.array(
+                [
+                    dom[q] != dom[pos]
+                    and int(e[q]) not in here
+                    and int(e[pos]) not in set(e[dom == dom[q]].tolist())
+                    for q in range(flat.size)
+                ]
+            )
+            if not ok.any():
+                break  # more copies than domains: nothing to do
+            cand = np.flatnonzero(ok)
+            q = int(cand[np.argmin(np.abs(weight[r, flat[cand]] - weight[r, flat[pos]]))])
+            flat[pos], flat[q] = flat[q], flat[pos]
+        layout[r] = flat.reshape(num_gpus, slots)
     return layout
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -85,12 +85,14 @@ def plan(
     pool = None if prior is None else check_prior(prior, history.shape)
     weight = error_weight(history if pool is None else pool, layout)
     fc = forecast(history, horizon=horizon, steps=samples, weight=weight, prior=pool)
-    phy2log = choose_fresh(fc, history[-1], layout, dispatch)
+    phy2log, hedged = choose_fresh(fc, history[-1], layout, dispatch)
     if cur is None:
         changed = np.ones(layout.num_layers, dtype=bool)
         moved = 0
     else:
-        phy2log, changed = respect_current(phy2log, cur, fc, layout, dispatch, max_moves, min_layer_gain)
+        # layers that do not hedge are moved on the forecast mean alone, like their fresh plan
+        judged = replace(fc, scenarios=np.where(hedged[None, :, None], fc.scenarios, fc.mean[None]))
+        phy2log, changed = respect_current(phy2log, cur, judged, layout, dispatch, max_moves, min_layer_gain)
         slots = layout.slots_per_gpu  # an expert that stays on its GPU keeps its slot
         phy2log = align_slots(phy2log.reshape(-1, slots), cur.reshape(-1, slots)).reshape(cur.shape)
         moved = gpu_moves(cur, phy2log, layout.num_gpus)
@@ -106,7 +108,7 @@ def error_weight(history: FloatArray, layout: Layout) -> FloatArray:
     return out
 
 
-def choose_fresh(fc: Forecast, last: FloatArray, layout: Layout, dispatch: str) -> IntArray:
+def choose_fresh(fc: Forecast, last: FloatArray, layout: Layout, dispatch: str) -> tuple[IntArray, BoolArray]:
     """Per layer, the fresh map that holds up on scenarios it was not fitted on.
 
     Candidates: the plan hedged on half of the scenarios (two halves, two plans), the plan
@@ -114,7 +116,8 @@ def choose_fresh(fc: Forecast, last: FloatArray, layout: Layout, dispatch: str) 
     hedged plan is judged on the half it did not see. Hedging must beat plain by more than
     ``HEDGE_Z`` standard errors of the paired per-scenario difference, so per-step noise it
     could only memorise does not pass; then the winner must not be worse than DeepSeek's map
-    on the same held-out scenarios, or the layer takes DeepSeek's map.
+    on the same held-out scenarios, or the layer takes DeepSeek's map. Also returns the layers
+    that hedge (the others are judged on the forecast mean alone from here on).
     """
     base = baseline_plan(last, **_shape(layout))
     scen = fc.scenarios
@@ -122,12 +125,13 @@ def choose_fresh(fc: Forecast, last: FloatArray, layout: Layout, dispatch: str) 
     if scen.shape[0] < 5:
         ours = place_rows(mean, scen.transpose(1, 0, 2), layout, dispatch)
         d = _imbalance(ours, scen, layout, dispatch) - _imbalance(base, scen, layout, dispatch)
-        out: IntArray = np.where((d.mean(axis=0) <= 0)[:, None], ours, base)
-        return out
-    # the half a trial plan sees and the other, split at random (fixed seed: plans are reproducible)
-    # so that periodic samples (alternating steps) cannot fall into one half
-    rest = np.random.default_rng(0).permutation(np.arange(1, scen.shape[0]))
-    fit, held = np.concatenate([[0], np.sort(rest[0::2])]), np.sort(rest[1::2])
+        kept = d.mean(axis=0) <= 0
+        out: IntArray = np.where(kept[:, None], ours, base)
+        return out, kept
+    # a trial plan sees the older half of each kind of scenario and is judged on the newer half:
+    # what persists from older to newer samples is what may persist into the next window
+    recent = fc.recent if fc.recent is not None else np.arange(scen.shape[0]) >= scen.shape[0] // 2
+    fit, held = np.flatnonzero(~recent), np.flatnonzero(recent)
     trial = place_rows(mean, scen[fit].transpose(1, 0, 2), layout, dispatch)
     plain = place_rows(mean, mean[:, None, :], layout, dispatch)
     held_scen = scen[held]
@@ -144,7 +148,7 @@ def choose_fresh(fc: Forecast, last: FloatArray, layout: Layout, dispatch: str) 
     ours_imb = np.where(hedge[None, :], hedged_imb, plain_imb)
     keep = (ours_imb - base_imb).mean(axis=0) <= 0
     out = np.where(keep[:, None], ours, base)
-    return out
+    return out, hedge & keep
 
 
 def _significantly_lower(x: FloatArray, y: FloatArray, z: float) -> np.ndarray:

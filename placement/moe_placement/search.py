@@ -30,6 +30,7 @@ AnyFloat = npt.NDArray[Any]  # float64, or float32 inside the search (half the m
 TOLERANCE = 1e-7  # relative drop of J below which an exchange counts as no progress
 PATIENCE = 2  # a row stops after this many rounds (pairings) without an exchange
 MAX_PARTNERS = 6  # GPUs each focus GPU may exchange with in one round
+MIN_FOCUS = 8  # GPUs that try an exchange in each round, at least
 MAX_ROUNDS = 32
 
 
@@ -88,7 +89,9 @@ def pair_refine(
         mean = load.mean(axis=2)
         crit = freq + mean / np.maximum(mean.max(axis=1, keepdims=True), 1e-30)
         order = np.argsort(-crit, axis=1, kind="stable")
-        focus = int(min(num_gpus // 2, max(1, (freq > 0).sum(axis=1).max())))
+        # at least MIN_FOCUS GPUs move at once: with few scenarios (the mean alone) the heaviest
+        # GPUs must come down together, or each round only shaves the single busiest one
+        focus = int(min(num_gpus // 2, max(MIN_FOCUS, (freq > 0).sum(axis=1).max())))
         per = max(1, min(MAX_PARTNERS, (num_gpus - focus) // focus))
         heavy = order[:, :focus]  # [n, F]
         rest = order[:, focus:][:, ::-1]  # lightest first
@@ -105,16 +108,6 @@ def pair_refine(
         involved[nl[:, None], heavy] = True
         involved[nl[:, None], partner.reshape(n, -1)] = True
         floor = np.where(involved[:, :, None], -np.inf, load).max(axis=1)  # [n, K]
-        fl = floor[:, None, None, None, None, :]
-        delta = zb[:, :, :, None, :, :] - za[:, :, None, :, None, :]  # [n, F, M, Sa, Sb, K]
-        new_h = lh[:, :, None, None, None, :] + delta
-        np.subtract(lp[:, :, :, None, None, :], delta, out=delta)
-        np.maximum(new_h, delta, out=new_h)
-        np.maximum(new_h, fl, out=new_h)
-        cost = new_h.mean(axis=5, dtype=np.float64)  # [n, F, M, Sa, Sb]
-        current = np.maximum(np.maximum(lh[:, :, None, :], lp), floor[:, None, None, :]).mean(
-            axis=3, dtype=np.float64
-        )
         # a copy may not join a conflict domain that already holds its expert (unless both GPUs share it)
         ea = item_expert[idx[:, None, None], a_items]
         eb = item_expert[idx[:, None, None, None], b_items]
@@ -130,26 +123,39 @@ def pair_refine(
         same = (dom_h[:, :, None] == dom_p)[..., None, None]
         valid = (ea[:, :, None, :, None] != eb[:, :, :, None, :]) & (
             same | (a_ok[..., None] & b_ok[..., None, :])
+        )  # [n, F, M, Sa, Sb]
+        delta = zb[:, :, :, None, :, :] - za[:, :, None, :, None, :]  # [n, F, M, Sa, Sb, K]
+        new_h = lh[:, :, None, None, None, :] + delta
+        np.subtract(lp[:, :, :, None, None, :], delta, out=delta)
+        np.maximum(new_h, delta, out=new_h)
+        np.maximum(new_h, floor[:, None, None, None, None, :], out=new_h)
+        cost = new_h.mean(axis=5, dtype=np.float64)  # [n, F, M, Sa, Sb]
+        current = np.maximum(np.maximum(lh[:, :, None, :], lp), floor[:, None, None, :]).mean(
+            axis=3, dtype=np.float64
         )
         gain = np.where(valid, current[..., None, None] - cost, -np.inf).reshape(n, focus, -1)
         best = np.argmax(gain, axis=2)
         best_gain = np.take_along_axis(gain, best[..., None], axis=2)[..., 0]
+        m_idx, rem = np.divmod(best, slots * slots)
+        sa, sb = np.divmod(rem, slots)
         improving = best_gain > TOLERANCE * np.maximum(before[:, None], 1e-30)
         if swaps is not None:  # a row with a budget keeps its best exchanges only
             rank = np.argsort(np.argsort(-np.where(improving, best_gain, -np.inf), axis=1), axis=1)
             improving &= rank < left[idx, None]
-        m_idx, rem = np.divmod(best, slots * slots)
-        sa, sb = np.divmod(rem, slots)
         trial, trial_load = sub.copy(), load.copy()
         rr, ff = np.nonzero(improving)
         _apply(trial, trial_load, zl, heavy, partner, a_items, b_items, rr, ff, m_idx, sa, sb)
         worse = expected_peak(trial_load) > before * (1 - TOLERANCE)
         redo = np.flatnonzero(worse & improving.any(axis=1))
-        if worse.any():  # joint exchanges interfered: keep only the row's single best one (exact)
+        if worse.any():  # joint exchanges interfered: try the row's single best one alone
             trial[worse], trial_load[worse] = sub[worse], load[worse]
             if redo.size:
                 f1 = np.argmax(np.where(improving[redo], best_gain[redo], -np.inf), axis=1)
                 _apply(trial, trial_load, zl, heavy, partner, a_items, b_items, redo, f1, m_idx, sa, sb)
+                still = redo[expected_peak(trial_load[redo]) > before[redo] * (1 - TOLERANCE)]
+                trial[still], trial_load[still] = sub[still], load[still]  # J never rises
+                worse[still] = True
+                improving[still] = False
         progressed = improving.any(axis=1)
         made = np.where(worse, progressed.astype(np.int64), improving.sum(axis=1))
         left[idx] -= made

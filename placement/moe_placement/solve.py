@@ -47,10 +47,12 @@ def solve_rows(mean: FloatArray, scenarios: FloatArray, bins: Bins, cap: int) ->
     total = bins.num_gpus * bins.slots
     # copies per expert: at most one per conflict domain, unless the slots need more
     cap = max(-(-total // num_experts), min(cap, total - num_experts + 1))
-    candidates = [greedy_counts(mean, total, cap)]
-    if scenarios.shape[1] > 1 and total > num_experts:
+    hedging = scenarios.shape[1] > 1 and total > num_experts
+    # one slot per GPU: the scenario rule is the objective itself, greedy on the mean cannot beat it
+    candidates = [] if hedging and bins.slots == 1 else [greedy_counts(mean, total, cap)]
+    if hedging:
         alt = scenario_counts(scenarios, total, cap)
-        if not np.array_equal(alt, candidates[0]):
+        if not candidates or not np.array_equal(alt, candidates[0]):
             candidates.append(alt)
     if total > num_experts:
         every = all_counts(num_experts, total, cap)
