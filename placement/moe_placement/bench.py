@@ -10,8 +10,9 @@ max/mean GPU load - 1 (SGLang's balancedness is its inverse), dynamic dispatch u
 
 Columns: ratio = ours / baseline excess; oracle = the same planner fitted on the window it
 is scored on (its sum and its step samples); captured = share of the oracle's gain over
-the baseline that ours gets; packing = the planner fitted on the scored window against the
-baseline fitted on the same window (no forecasting at all); @25% = ours from its previous
+the baseline that ours gets; packing = the packer alone (copies and placement hedged on
+the scored window's step samples, no forecast and no hedging test) against the baseline
+fitted on the same window; @25% = ours from its previous
 map with at most a quarter of the baseline's moves at that rebalance; moves count expert
 copies a GPU must load.
 """
@@ -26,8 +27,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .baseline import baseline_plan
+from .forecast import shares
+from .fresh import place_rows
 from .instances import plan_instances
-from .layout import FloatArray, IntArray
+from .layout import FloatArray, IntArray, Layout, make_layout
 from .metrics import gpu_loads, gpu_moves, imbalance
 from .planner import Plan, plan
 from .regimes import SETUPS, Setup
@@ -100,6 +103,7 @@ class Row:
     capped: Score  # from the previous map, at most MOVE_SHARE of the baseline's moves
     oracle: Score  # ours fitted on the scored window
     base_fit: Score  # the baseline fitted on the scored window
+    packed: Score  # the packer alone fitted on the scored window (its mean and step samples)
     plan_ms: float  # ours, fresh, per plan
     capped_ms: float
     base_ms: float
@@ -125,7 +129,10 @@ def run_case(
     """Baseline, ours fresh, ours move-capped, oracle and both fitted on the scored window."""
     points = rebalance_points(counts.shape[0], window)
     shape = setup.shape()
-    maps: dict[str, list[IntArray]] = {k: [] for k in ("base", "ours", "capped", "oracle", "base_fit")}
+    maps: dict[str, list[IntArray]] = {
+        k: [] for k in ("base", "ours", "capped", "oracle", "base_fit", "packed")
+    }
+    layout = make_layout(counts.shape[1], counts.shape[2], **shape)
     times: dict[str, list[float]] = {"ours": [], "capped": [], "base": []}
     rules: Counter[str] = Counter()
     for k, t in enumerate(points):
@@ -154,6 +161,7 @@ def run_case(
             plan(scored.sum(axis=0), steps=fit_steps, dispatch=dispatch, **shape).physical_to_logical_map
         )
         maps["base_fit"].append(baseline_plan(scored.sum(axis=0), **shape))
+        maps["packed"].append(packer_alone(scored, fit_steps, layout, dispatch))
     scores = {k: score(counts, v, points, window, setup, dispatch) for k, v in maps.items()}
     return Row(
         setup.name,
@@ -164,11 +172,19 @@ def run_case(
         scores["capped"],
         scores["oracle"],
         scores["base_fit"],
+        scores["packed"],
         float(np.mean(times["ours"])),
         float(np.mean(times["capped"])) if times["capped"] else 0.0,
         float(np.mean(times["base"])),
         dict(rules),
     )
+
+
+def packer_alone(window: FloatArray, steps: FloatArray | None, layout: Layout, dispatch: str) -> IntArray:
+    """Copies and placement fitted on a window itself: its mean share and (if given) its step samples."""
+    mean, _ = shares(window.sum(axis=0)[None])
+    scen = mean if steps is None else np.concatenate([mean, shares(steps)[0]])
+    return place_rows(mean[0], scen.transpose(1, 0, 2), layout, dispatch)
 
 
 # --- cluster level: several replicas, each its own batch stream of the same traffic --------------
@@ -275,12 +291,12 @@ def time_planning(
     }
     out = {}
     for name, run in runs.items():
-        times = []
+        wall = []
         for _ in range(repeats):
             started = time.perf_counter()
             run()
-            times.append(1000 * (time.perf_counter() - started))
-        out[name] = float(np.median(times))
+            wall.append(1000 * (time.perf_counter() - started))
+        out[name] = float(np.median(wall))
     return out
 
 

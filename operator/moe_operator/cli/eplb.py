@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,11 @@ def register(subparsers: Any) -> None:
         help="real-routing traffic-mix schedules (dev: uniform,single,phases,walk)",
     )
     b.add_argument("--packing-setups", default="EP8,EP32,EP72,EP144,EP288")
-    b.add_argument("--cluster", default="real:R8:decode-walk,real:R8:prefill-walk,synthetic:EP8:fast")
+    b.add_argument(
+        "--cluster",
+        default="real:R8:decode-diurnal,real:R8:prefill-diurnal,synthetic:EP8:fast,synthetic:EP72:slow",
+        help="kind:setup:traffic cases (real traffic is mode-schedule)",
+    )
     b.add_argument("--replicas", default="2,4,8")
     b.add_argument("--affinity", default="0,0.5", help="share of a replica's traffic from its home domain")
     b.add_argument("--layers", type=int, default=4, help="MoE layers simulated per synthetic case")
@@ -228,8 +233,10 @@ def run_bench(args: argparse.Namespace) -> int:
         rows_c = report.cluster_rows(cases, replicas, affinity, seeds, layers=args.layers, **kw)
         print(report.format_cluster(rows_c) + "\n", flush=True)
     if "timing" in suites:
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
         print(
-            "== planning time at DeepSeek-V3 scale (58 layers, 256 experts + 32 redundant, 8 groups), median ms:"
+            "== planning time at DeepSeek-V3 scale (58 layers, 256 experts + 32 redundant, 8 groups), "
+            f"median wall ms of 5 (load average {load:.1f} on {os.cpu_count()} cores):"
         )
         sizes = [(288, 36)] if args.timing == "288" else [(32, 4), (72, 9), (144, 18), (288, 36)]
         for line in report.format_timing(sizes, repeats=5):
