@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_plan)
 
 
-def _load_nodes(path: Path | None) -> list[dict[str, Any]]:
+def load_nodes(path: Path | None) -> list[dict[str, Any]]:
     from moe_operator.topology import nodepools
 
     if path is None:
@@ -62,7 +62,7 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"{problem.field}: {problem.message}", file=sys.stderr)
         return 1
     spec = MoEDeploymentSpec.model_validate(raw_spec)
-    nodes = [node_from_object(o) for o in _load_nodes(args.nodes)]
+    nodes = [node_from_object(o) for o in load_nodes(args.nodes)]
     plan = plan_topology(pool_requests(spec), nodes, topology_policy(spec))
     if args.output == "json":
         print(

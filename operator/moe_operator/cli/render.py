@@ -68,7 +68,7 @@ def register(subparsers: Any) -> None:
 
 def _render(args: argparse.Namespace) -> int:
     from moe_operator.api import MoEDeploymentSpec
-    from moe_operator.cli.plan import _load_nodes
+    from moe_operator.cli.plan import load_nodes
     from moe_operator.render.children import render_children
     from moe_operator.render.group import GroupBackend, Owner, RuntimeSettings
     from moe_operator.render.shared import token_secret
@@ -97,7 +97,7 @@ def _render(args: argparse.Namespace) -> int:
     settings = RuntimeSettings(runtime_image=args.runtime_image) if args.runtime_image else RuntimeSettings()
     wanted = args.group_backend or spec.topology.group_backend
     backend: GroupBackend = "LeaderWorkerSet" if wanted == "LeaderWorkerSet" else "StatefulSet"
-    nodes = [node_from_object(o) for o in _load_nodes(args.nodes)]
+    nodes = [node_from_object(o) for o in load_nodes(args.nodes)]
     plan = plan_topology(pool_requests(spec), nodes, topology_policy(spec))
     objects = [
         *render_children(spec, owner, plan, settings, None, backend),
