@@ -19,6 +19,7 @@ from .pod import DEFAULT_PLACEMENT_PATH, SIDECAR_PORT
 Role = Literal["prefill", "decode", "standalone"]
 A2ABackend = Literal["deepep", "none", "mooncake", "nixl", "mori", "flashinfer", "deepep_v2", "pplx"]
 DeepEPMode = Literal["auto", "normal", "low_latency"]
+KVCacheDtype = Literal["auto", "bf16", "fp8_e4m3", "fp8_e5m2"]  # spec.model.kvCacheDtype; SGLang's choices
 EplbMode = Literal["operator", "engine", "static", "off"]  # spec.eplb.mode, one name everywhere
 DispatchAlgorithm = Literal["static", "dynamic", "fake", "lp"]
 TransferBackend = Literal["mooncake", "nixl", "mori", "mooncake_tcp", "fake"]
@@ -109,6 +110,9 @@ class EngineConfig(_Model):
     model: ModelFacts = Field(default_factory=ModelFacts)
     host: str = "0.0.0.0"
     load_format: str | None = None
+    kv_cache_dtype: KVCacheDtype = Field(
+        default="auto", description="--kv-cache-dtype (auto: the activations')"
+    )
     trust_remote_code: bool = False
     enable_metrics: bool = True
     extra_args: list[str] = Field(default_factory=list)

@@ -65,6 +65,7 @@ def engine_config(spec: MoEDeploymentSpec, pool: Pool) -> dict[str, Any]:
         if arch is not None
         else {},
         "trustRemoteCode": trust_remote_code,
+        "kvCacheDtype": spec.model.kv_cache_dtype,
         **({"loadFormat": load_format} if load_format else {}),
         "extraArgs": extra,
         "graceSeconds": max(parse_duration(spec.engine.startup_timeout) / 10, 30.0),

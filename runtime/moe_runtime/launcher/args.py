@@ -55,6 +55,8 @@ def build_command(
             argv += ["--expert-balancedness-report-mode", "prometheus"]
     if cfg.load_format:
         argv += ["--load-format", cfg.load_format]
+    if cfg.kv_cache_dtype != "auto":
+        argv += ["--kv-cache-dtype", cfg.kv_cache_dtype]
     if cfg.trust_remote_code:
         argv += ["--trust-remote-code"]
     return argv + list(cfg.extra_args)
