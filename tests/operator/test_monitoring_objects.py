@@ -40,6 +40,7 @@ def _deploy(api: httpx.Client, namespace: str, name: str) -> dict[str, Any]:
     bind_model_volume(api, namespace, "qwen3-30b-a3b")
     obj = example("qwen3-30b-a3b-single-node.yaml")
     obj["metadata"]["name"] = name
+    obj["spec"]["monitoring"] = {"podMonitor": True, "prometheusRule": True}
     resp = api.post(moed_path(namespace), json=obj)
     assert resp.status_code == 201, resp.text
     return wait_ready(api, namespace, name)
