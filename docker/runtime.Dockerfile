@@ -1,32 +1,52 @@
-# The runtime image: SGLang plus the moe_runtime package (launcher, EPLB sidecar, SGLang plugin).
-# Engine pods use it twice: an init container copies /opt/moe-runtime into a shared emptyDir,
-# and the engine runs `python3 -m moe_runtime.cli launch` with PYTHONPATH=/opt/moe-runtime.
-# Build from the repository root:
+# The runtime image: SGLang plus the engine pod's runtime tree in /opt/moe-runtime.
+# Engine pods use the tree, not this image's SGLang: an init container of this image copies
+# /opt/moe-runtime into a shared emptyDir (`cp -r /opt/moe-runtime/. <emptyDir>/`), and the engine
+# container (spec.engine.image, an SGLang image) runs `python3 -m moe_runtime.cli launch` with
+# PYTHONPATH=/opt/moe-runtime. The tree therefore holds exactly moe_runtime, moe_placement and
+# moe_contract with their dist-info (SGLang finds the plugin through the `sglang.srt.plugins`
+# entry point in moe_runtime's dist-info), and no dependencies: numpy, pydantic, aiohttp and
+# prometheus-client come with SGLang.
+#
+# Build from the repository root (`bash docker/build.sh` does this with buildah; see
+# docs/install.md#images). With Docker:
 #   set -a; . docker/versions.env; set +a
 #   docker build -f docker/runtime.Dockerfile \
 #     --build-arg SGLANG_IMAGE --build-arg MOE_OPERATOR_VERSION \
+#     --build-arg MOE_REVISION=$(git rev-parse HEAD) \
 #     -t ghcr.io/moe-inference/moe-runtime:$MOE_OPERATOR_VERSION .
+# The build context is limited by docker/runtime.Dockerfile.dockerignore.
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
 FROM ${SGLANG_IMAGE}
 ARG MOE_OPERATOR_VERSION=0.1.0
+ARG MOE_REVISION=unknown
+ARG MOE_SOURCE=https://github.com/moe-operator/moe-operator
 LABEL org.opencontainers.image.title="moe-runtime" \
+      org.opencontainers.image.description="SGLang plus the MoE engine pod runtime tree (/opt/moe-runtime) that engine pods copy" \
       org.opencontainers.image.version="${MOE_OPERATOR_VERSION}" \
-      org.opencontainers.image.source="https://github.com/moe-operator/moe-operator" \
+      org.opencontainers.image.revision="${MOE_REVISION}" \
+      org.opencontainers.image.source="${MOE_SOURCE}" \
       org.opencontainers.image.licenses="Apache-2.0"
 WORKDIR /tmp/moe-src
-COPY pyproject.toml README.md ./
-COPY operator ./operator
-COPY runtime ./runtime
-# 1. The copyable package tree (no dependencies: sglang, torch and DeepEP come from the base
-#    image), which the operator's init container copies into every engine pod.
-# 2. The same package installed into the image's python so SGLang finds the
-#    `sglang.srt.plugins` entry point (moe_operator_eplb) in every process.
-RUN pip install --no-cache-dir --no-deps --target /opt/moe-runtime . \
- && pip install --no-cache-dir --no-deps . \
- && python3 -c "import importlib.metadata as m; \
+COPY placement/pyproject.toml placement/
+COPY placement/moe_placement placement/moe_placement
+COPY contract/pyproject.toml contract/
+COPY contract/moe_contract contract/moe_contract
+COPY runtime/pyproject.toml runtime/
+COPY runtime/moe_runtime runtime/moe_runtime
+# --no-deps: everything else comes from the engine image. bin/ (the moe-runtime console script,
+# with this build's interpreter path) is dropped: engine pods run `python3 -m moe_runtime.cli`.
+# The build fails unless the tree alone (PYTHONPATH, like the engine pod) yields the
+# `sglang.srt.plugins` entry point and nothing of the operator.
+RUN PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore \
+    python3 -m pip install --no-cache-dir --no-deps --target /opt/moe-runtime ./placement ./contract ./runtime \
+ && rm -rf /opt/moe-runtime/bin /tmp/moe-src \
+ && PYTHONPATH=/opt/moe-runtime python3 -c "import importlib.metadata as m, moe_runtime.cli; \
 eps = [e.name for e in m.entry_points(group='sglang.srt.plugins')]; \
 assert 'moe_operator_eplb' in eps, eps" \
- && test -d /opt/moe-runtime/moe_runtime \
- && rm -rf /tmp/moe-src
+ && test ! -e /opt/moe-runtime/moe_operator \
+ && chmod -R a+rX /opt/moe-runtime
 WORKDIR /
 ENV PYTHONPATH=/opt/moe-runtime
+# The init container only copies files: it needs no root. (Engine pods do not run this image's
+# user: the engine container runs spec.engine.image.)
+USER 10001:10001

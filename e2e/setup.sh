@@ -15,6 +15,11 @@ command -v openssl >/dev/null || need+=(openssl)
 command -v lua5.1 >/dev/null || need+=(lua5.1)
 # The demo (e2e/demo.sh) runs the prometheus server binary itself, so check for both.
 { command -v promtool && command -v prometheus; } >/dev/null || need+=(prometheus)
+# buildah, skopeo, debootstrap: docker/build.sh builds the images without a Docker engine, on a
+# Debian base made locally (tests/images smoke-test the built images).
+command -v buildah >/dev/null || need+=(buildah)
+command -v skopeo >/dev/null || need+=(skopeo)
+command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   step "installing Debian packages: ${need[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
