@@ -35,9 +35,9 @@ EXAMPLE = REPO / "examples" / "qwen3-30b-a3b-single-node.yaml"
 MOED = "/apis/moe.inference.dev/v1alpha1"
 WEBHOOK_CONFIG = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/moe.inference.dev"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-# Ports of this module: its sandbox 500 above the session's (which uses base+247..base+446),
-# the operator in the image below both.
-SANDBOX_PORT_BASE = TEST_PORT_BASE + 500
+# Ports of this module: its sandbox 700 above the session's (which uses base+247..base+446; the
+# demo test's sandbox sits at base+500), the operator in the image below those.
+SANDBOX_PORT_BASE = TEST_PORT_BASE + 700
 LIVENESS_PORT, METRICS_PORT, WEBHOOK_PORT = TEST_PORT_BASE + 480, TEST_PORT_BASE + 481, TEST_PORT_BASE + 482
 KUBECONFIG_DIR = "/mnt/moe-test"
 # What must not be in the operator image: compilers and build tools, installers, the runtime.
