@@ -37,7 +37,18 @@ def test_generate_then_check_then_drift(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_validate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run("crds", "validate", str(ROOT / "examples" / "deepseek-v3-pd-h100.yaml")) == 0
+    example = str(ROOT / "examples" / "deepseek-v3-pd-h100.yaml")
+    # The example uses hostNetwork: refused under the safe defaults, admitted where the platform grants it.
+    assert run("crds", "validate", example) == 1
+    assert "spec.topology.hostNetwork: the platform does not allow" in capsys.readouterr().out
+    policy = tmp_path / "values.yaml"
+    policy.write_text("platform:\n  hostNetworkNamespaces: [rdma-*]\n")
+    assert run("crds", "validate", "--policy", str(policy), "-n", "rdma-team", example) == 0
+    assert run("crds", "validate", "--policy", str(policy), "-n", "web", example) == 1
+    assert "allowed in: rdma-* (platform.hostNetworkNamespaces)" in capsys.readouterr().out
+    policy.write_text("platform:\n  hostPathPrefixes: [/var]\n")
+    assert run("crds", "validate", "--policy", str(policy), example) == 2
+    assert "reaches /var/run" in capsys.readouterr().err
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "apiVersion: moe.inference.dev/v1alpha1\nkind: MoEDeployment\nmetadata: {name: x}\n"

@@ -98,7 +98,8 @@ def test_crds_validate_refuses_each_case_naming_the_flag(
 
 def test_examples_are_accepted_and_use_no_refused_flag() -> None:
     for path in sorted((ROOT / "examples").glob("*.yaml")):
-        assert validate(yaml.safe_load(path.read_text())["spec"]) == [], path.name
+        # policy=None: what the platform grants (hostNetwork, hostPath) is not this test's subject
+        assert validate(yaml.safe_load(path.read_text())["spec"], policy=None) == [], path.name
 
 
 # --------------------------------------------------------------------------- the tables and the catalog

@@ -9,6 +9,9 @@ runs admission but stores nothing.
 from __future__ import annotations
 
 import copy
+import re
+import ssl
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ import pytest
 import yaml
 
 from moe_sandbox.cluster import Sandbox, server_side_apply
+from moe_sandbox.pki import issue_client_cert
 from moe_sandbox.testing import wait_for
 from operator_harness import install_crd
 
@@ -230,3 +234,237 @@ def test_host_network_requires_rdma(api: httpx.Client, ns: str) -> None:
     allowed(api, ns, pod("hostnet-rdma", [8], host_network=True, rdma=True))
     allowed(api, ns, pod("podnet", [8]))
     allowed(api, ns, pod("other-hostnet", [], host_network=True, labels={"app": "other"}))
+
+
+# ---- moe-operator-pods: what pods of the operator may hold (operator-pods.yaml) -------------------
+# Applied with its own parameters and binding (scoped to a namespace of this module), so the other
+# policies' pods above are not judged by it. tests/security/test_hostile_specs.py applies it to the
+# pods the operator renders from hostile specs and from every example.
+
+PLATFORM_LABEL = "moe.inference.dev/platform-policy-test"
+OPERATOR_SA = "system:serviceaccount:moe-system:moe-operator"
+
+
+@pytest.fixture(scope="module")
+def platform_ns(sandbox: Sandbox) -> Iterator[str]:
+    """A namespace bound to moe-operator-pods, with secrets hf-token*, configmaps nccl-*, /raid/models
+    and hostNetwork granted there."""
+    policy, binding = docs("operator-pods.yaml")
+    name = f"platform-{uuid.uuid4().hex[:6]}"
+    params = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "moe-platform-policy-tests", "namespace": "moe-system"},
+        "data": {
+            "modelVolumeSources": "persistentVolumeClaim",
+            "hostPathPrefixes": "/raid/models",
+            "hostNetworkNamespaces": name,
+            "tolerationKeys": "nvidia.com/gpu",
+            "envSecretNames": "hf-token*",
+            "envConfigMapNames": "nccl-*",
+            "capabilities": "IPC_LOCK",
+        },
+    }
+    binding["metadata"]["name"] = "moe-operator-pods-policy-tests"
+    binding["spec"]["paramRef"]["name"] = params["metadata"]["name"]
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {PLATFORM_LABEL: "true"}}}
+    objects = [params, policy, binding]
+    with sandbox.client(timeout=30) as api:
+        if api.get("/api/v1/namespaces/moe-system").status_code == 404:
+            api.post("/api/v1/namespaces", json={"metadata": {"name": "moe-system"}}).raise_for_status()
+        for obj in objects:
+            apply(api, obj)
+        api.post(
+            "/api/v1/namespaces", json={"metadata": {"name": name, "labels": {PLATFORM_LABEL: "true"}}}
+        ).raise_for_status()
+        wait_for(lambda: api.get(f"/api/v1/namespaces/{name}/serviceaccounts/default").status_code == 200, 30)
+        try:
+            yield name
+        finally:
+            api.delete(f"/api/v1/namespaces/{name}")
+            for obj in reversed(objects):
+                api.delete(path_of(obj))
+
+
+def engine_pod(name: str = "engine-0", **spec: Any) -> dict[str, Any]:
+    """An engine-like pod: what the operator renders, hardened (drop ALL, IPC_LOCK), labelled."""
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": "lmsysorg/sglang:v0.5.23",
+        "env": [{"name": "MOE_RANK", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+        },
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    extra = spec.pop("volumes", [])
+    pod_spec.update(spec)
+    pod_spec["volumes"] = [*pod_spec["volumes"], *extra]
+    labels = {**MANAGED, "moe.inference.dev/deployment": "qwen"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": pod_spec}
+
+
+def with_container(pod: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    pod = copy.deepcopy(pod)
+    pod["spec"]["containers"][0].update(fields)
+    return pod
+
+
+def platform_refusal(client: httpx.Client, ns: str, obj: dict[str, Any]) -> str | None:
+    kind = obj["kind"]
+    path = f"/api/v1/namespaces/{ns}/pods" if kind == "Pod" else f"/apis/apps/v1/namespaces/{ns}/statefulsets"
+    resp = client.post(path, params={"dryRun": "All"}, json=obj)
+    if resp.status_code in (200, 201):
+        return None
+    assert resp.status_code in (403, 422) and "ValidatingAdmissionPolicy 'moe-operator-pods'" in resp.text, (
+        resp.text
+    )
+    return str(resp.json()["message"])
+
+
+def user_client(box: Sandbox, user: str) -> httpx.Client:
+    crt, key = issue_client_cert(box.pki, "user-" + re.sub(r"[^a-z0-9-]", "-", user), user)
+    ctx = ssl.create_default_context(cafile=str(box.pki.ca_cert))
+    ctx.load_cert_chain(str(crt), str(key))
+    return httpx.Client(base_url=box.server, verify=ctx, timeout=30)
+
+
+def test_platform_policy_admits_what_the_operator_renders(api: httpx.Client, platform_ns: str) -> None:
+    ns = platform_ns
+    pod = engine_pod()
+    wait_for(lambda: platform_refusal(api, ns, with_container(pod, securityContext={"privileged": True})), 30,
+             what="moe-operator-pods to act")  # fmt: skip
+    assert platform_refusal(api, ns, pod) is None
+    # what the apiserver's own admission adds: the ServiceAccount token volume, not-ready tolerations
+    token = {
+        "name": "kube-api-access-x",
+        "projected": {
+            "sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+            ]
+        },
+    }  # fmt: skip
+    not_ready = {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                 "tolerationSeconds": 300}  # fmt: skip
+    granted = engine_pod(
+        volumes=[
+            token,
+            {"name": "model", "hostPath": {"path": "/raid/models/dsv3", "type": "Directory"}},
+            {"name": "weights", "persistentVolumeClaim": {"claimName": "models"}},
+            {"name": "engine-config", "configMap": {"name": "qwen-decode-engine"}},
+            {"name": "runtime-token", "secret": {"secretName": "qwen-runtime-token"}},
+        ],
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, not_ready],
+        hostNetwork=True,
+    )
+    granted = with_container(
+        granted,
+        volumeMounts=[
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "model", "mountPath": "/models", "readOnly": True},
+        ],
+        env=[{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token-team-a", "key": "t"}}}],
+        envFrom=[{"configMapRef": {"name": "nccl-tuning"}}],
+        ports=[{"containerPort": 30000, "hostPort": 30000}],
+    )
+    assert platform_refusal(api, ns, granted) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "text"),
+    [
+        ("privileged", {"securityContext": {"privileged": True}}, "engine (privileged)"),
+        ("sys-admin", {"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}, "adds SYS_ADMIN"),
+        ("net-raw", {"securityContext": {"capabilities": {"add": ["IPC_LOCK", "NET_RAW"]}}}, "adds IPC_LOCK, NET_RAW"),
+        ("seccomp-unconfined", {"securityContext": {"seccompProfile": {"type": "Unconfined"}}}, "unconfined"),
+        ("writable-host-path", {"volumeMounts": [{"name": "model", "mountPath": "/m"}]},
+         "engine mount one writable"),
+        ("secret-env-from", {"envFrom": [{"secretRef": {"name": "db"}}]}, "engine: Secret db"),
+        ("duplicate-env", {"env": [{"name": "PYTHONPATH", "value": "/a"}, {"name": "PYTHONPATH", "value": "/b"}]},
+         "engine: PYTHONPATH, engine: PYTHONPATH"),
+        ("lws-env-on-a-plain-pod", {"env": [{"name": "LWS_GROUP_SIZE", "value": "1"}]}, "engine: LWS_GROUP_SIZE"),
+    ],
+)  # fmt: skip
+def test_platform_policy_refuses_container_escapes(
+    api: httpx.Client, platform_ns: str, name: str, change: dict[str, Any], text: str
+) -> None:
+    pod = engine_pod(volumes=[{"name": "model", "hostPath": {"path": "/raid/models/x"}}])
+    target, ns = with_container(pod, **change), platform_ns
+    message = wait_for(lambda: platform_refusal(api, ns, target), 30, what=f"{name} refused")
+    assert text in message, message
+
+
+@pytest.mark.parametrize(
+    ("name", "spec", "text"),
+    [
+        ("host-pid", {"hostPID": True}, "hostPID"),
+        ("host-ipc", {"hostIPC": True}, "hostIPC"),
+        ("pod-seccomp-unconfined", {"securityContext": {"seccompProfile": {"type": "Unconfined"}}}, "pod (unconfined)"),
+        ("tolerate-all", {"tolerations": [{"operator": "Exists"}]}, "every taint (no key) Exists"),
+        ("ephemeral-volume", {"volumes": [{"name": "m", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}}}]},
+         "m (a source the platform does not allow)"),
+        ("foreign-configmap", {"volumes": [{"name": "c", "configMap": {"name": "other-app"}}]}, "ConfigMap other-app"),
+        ("audience-token", {"volumes": [{"name": "t", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "t", "audience": "sts.amazonaws.com"}}]}}]}, "t (projected)"),
+    ],
+)  # fmt: skip
+def test_platform_policy_refuses_pod_escapes(
+    api: httpx.Client, platform_ns: str, name: str, spec: dict[str, Any], text: str
+) -> None:
+    message = wait_for(
+        lambda: platform_refusal(api, platform_ns, engine_pod(**spec)), 30, what=f"{name} refused"
+    )
+    assert text in message, message
+
+
+def test_platform_policy_grants_are_per_namespace(
+    api: httpx.Client, platform_ns: str, namespace: str
+) -> None:
+    """hostNetwork (and its hostPorts) only where the parameters name the namespace."""
+    resp = api.patch(
+        f"/api/v1/namespaces/{namespace}",
+        json={"metadata": {"labels": {PLATFORM_LABEL: "true"}}},
+        headers={"Content-Type": "application/merge-patch+json"},
+    )
+    assert resp.status_code == 200, resp.text
+    host = engine_pod(hostNetwork=True)
+    message = wait_for(lambda: platform_refusal(api, namespace, host), 30, what="hostNetwork refused")
+    assert f"in namespace {namespace}: hostNetwork" in message and f"allowed in: {platform_ns}" in message
+    port = with_container(engine_pod(), ports=[{"containerPort": 80, "hostPort": 80}])
+    assert "hostPort in engine" in str(platform_refusal(api, namespace, port))
+    assert platform_refusal(api, platform_ns, host) is None
+
+
+def test_platform_policy_matches_the_operator_and_its_pods_only(
+    sandbox: Sandbox, api: httpx.Client, platform_ns: str
+) -> None:
+    """Workloads of the operator's ServiceAccount are judged whatever their labels; other users'
+    unlabelled objects are not (the policy leaves the rest of the cluster alone)."""
+    bad = engine_pod(volumes=[{"name": "root", "hostPath": {"path": "/"}}])
+    wait_for(lambda: platform_refusal(api, platform_ns, bad), 30, what="hostPath / refused")
+    unlabelled = copy.deepcopy(bad)
+    unlabelled["metadata"]["labels"] = {"app": "someone-else"}
+    assert platform_refusal(api, platform_ns, unlabelled) is None
+    sts = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "sneaky"},
+        "spec": {
+            "serviceName": "sneaky",
+            "selector": {"matchLabels": {"app": "sneaky"}},
+            "template": {"metadata": {"labels": {"app": "sneaky"}}, "spec": unlabelled["spec"]},
+        },
+    }
+    assert platform_refusal(api, platform_ns, sts) is None
+    with user_client(sandbox, OPERATOR_SA) as operator:
+        message = platform_refusal(operator, platform_ns, sts)
+    assert message is not None and "root (hostPath /)" in message

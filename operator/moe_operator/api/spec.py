@@ -14,7 +14,7 @@ from pydantic import Field, StringConstraints
 from moe_contract.engine import EplbMode
 
 from .base import APIObject, cel, rules, section
-from .types import Duration, EmbeddedObject, LabelKey, ParamCount, Quantity
+from .types import Duration, DurationRange, EmbeddedObject, LabelKey, ParamCount, Quantity
 
 Arg = Annotated[str, StringConstraints(max_length=1024)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
@@ -284,12 +284,13 @@ class EngineSpec(APIObject):
         description="Size of the memory-backed /dev/shm of each engine pod (NCCL and DeepEP use it), "
         "a Kubernetes quantity such as 64Gi. It counts against the pod's memory.",
     )
-    startup_timeout: Duration = Field(
+    startup_timeout: Annotated[Duration, DurationRange("1m", "4h")] = Field(
         default="30m",
         description="How long a pod group may take from scheduling to every rank being ready (weights "
         "loaded, DeepEP and CUDA graphs initialised) before the operator restarts the whole group, as a "
         "duration such as 30m. Ranks of one NCCL/DeepEP world cannot rejoin singly, so a hung start "
-        "always restarts the group.",
+        "always restarts the group. From 1m (no engine loads its weights and initialises faster, "
+        "so less would restart every group in a loop) to 4h (a hung group holds whole GPU nodes that long).",
     )
 
 
@@ -313,7 +314,8 @@ class TopologySpec(APIObject):
         le=16,
         description="GPUs of each node, all given to the one engine pod that runs there (8 on "
         "H100/H200/B200 nodes, 4 on GB200 trays). An instance's GPU world, and so its EP size, is "
-        "nodesPerReplica x gpusPerNode. Immutable: every group's shape depends on it.",
+        "nodesPerReplica x gpusPerNode. Immutable: every group's shape depends on it. At most 16, the "
+        "most GPUs any node has.",
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
@@ -343,7 +345,8 @@ class TopologySpec(APIObject):
         ge=1,
         le=1024,
         description="GPUs joined by NVLink in one domain: 72 for GB200 NVL72 racks. Unset means one "
-        "node (gpusPerNode). Attention tensor parallelism must fit inside one domain.",
+        "node (gpusPerNode). Attention tensor parallelism must fit inside one domain. At most 1024, "
+        "above the largest NVLink domain built (576 GPUs).",
     )
     rack_label: LabelKey = Field(
         default="topology.kubernetes.io/zone",
@@ -394,7 +397,9 @@ class PoolSpec(APIObject):
         ge=0,
         le=256,
         description="Engine instances in the pool. Each instance is an independent copy of the model "
-        "(one pod group) behind the router. 0 stops the pool but keeps the object.",
+        "(one pod group) behind the router. 0 stops the pool but keeps the object. At most 256: every "
+        "instance is a pod group the operator plans, watches, probes and balances; serve more from "
+        "several MoEDeployments.",
     )
     nodes_per_replica: int = Field(
         default=1,
@@ -403,7 +408,8 @@ class PoolSpec(APIObject):
         description="Nodes one instance spans, one pod per node. The instance's GPU world = "
         "nodesPerReplica x gpusPerNode; it is also the instance's expert-parallel (EP) size, so "
         "routed experts + eplb.redundantExperts must divide evenly by it. Weights plus a minimal KV "
-        "cache must fit the world's memory.",
+        "cache must fit the world's memory. At most 128 nodes: an EP world larger than a model's "
+        "expert slots leaves GPUs without experts, and one NCCL world that large is one failure domain.",
     )
     attention_data_parallel: int | None = Field(
         default=None,
@@ -413,7 +419,8 @@ class PoolSpec(APIObject):
         "runs attention for its own requests with its own KV cache; attention tensor parallelism = "
         "world / attentionDataParallel, which must divide evenly and fit inside one NVLink domain. "
         "Unset means the whole world (attention TP 1), the usual choice for MLA models, whose "
-        "latent KV would be copied on every TP rank.",
+        "latent KV would be copied on every TP rank. At most 2048, the largest world (128 nodes x 16 "
+        "GPUs).",
     )
     all_to_all_backend: Literal["deepep", "mooncake", "nixl", "flashinfer", "none"] = Field(
         default="deepep",
@@ -467,7 +474,12 @@ class RouterSpec(APIObject):
     """The SGLang router in front of the pools (PD router when spec.prefill is set)."""
 
     replicas: int = Field(
-        default=1, ge=0, le=64, description="Router pods (a Deployment behind one Service)."
+        default=1,
+        ge=0,
+        le=64,
+        description="Router pods (a Deployment behind one Service). At most 64: every router keeps a "
+        "connection to every instance leader and does its own health checks, so more routers add load on "
+        "the engines, not capacity.",
     )
     policy: Literal["cache_aware", "round_robin", "random", "power_of_two"] = Field(
         default="cache_aware",
@@ -543,11 +555,15 @@ class EPLBSpec(APIObject):
         description="Extra physical expert slots per MoE layer, holding copies of hot experts (SGLang "
         "--ep-num-redundant-experts). routed experts + redundantExperts must divide evenly by every "
         "pool's EP size: DeepSeek-V3 with 32 gives 288 slots, 4 per GPU at EP72 and 9 at EP32. Each "
-        "slot costs one expert's weights per GPU per layer.",
+        "slot costs one expert's weights per GPU per layer. At most the model's routed experts "
+        "(checked at admission) and 1024.",
     )
-    refresh_interval: Duration = Field(
+    refresh_interval: Annotated[Duration, DurationRange("10s", "24h")] = Field(
         default="5m",
-        description="How often the operator collects load and considers a new placement, as a duration.",
+        description="How often the operator collects load and considers a new placement, as a duration. "
+        "From 10s (each refresh reads every runtime of the pool and plans; a shorter window holds too "
+        "few forward passes to plan from) to 24h (a placement never reconsidered stops following "
+        "traffic). Production deployments refresh every few minutes.",
     )
     min_improvement: float = Field(
         default=0.03,
@@ -562,17 +578,22 @@ class EPLBSpec(APIObject):
         ge=0,
         le=1_000_000,
         description="Most physical expert slots, summed over MoE layers, whose expert may change in one "
-        "refresh; 0 means no limit. Bounds the weight traffic and stalls of each move.",
+        "refresh; 0 means no limit. Bounds the weight traffic and stalls of each move. At most "
+        "1,000,000, far above any model's slot count (DeepSeek-V3: 58 MoE layers x 288 slots = 16,704).",
     )
-    min_interval: Duration = Field(
+    min_interval: Annotated[Duration, DurationRange("10s", "24h")] = Field(
         default="10m",
         description="Shortest time between two published placements, however large the gain; a "
-        "rate limit against flapping.",
+        "rate limit against flapping. From 10s (every placement moves expert weights on every GPU and "
+        "stalls the engines while it does) to 24h (longer would pin a placement past a day's traffic "
+        "cycle; use mode static or off to stop moving experts).",
     )
-    history: Duration = Field(
+    history: Annotated[Duration, DurationRange("1m", "24h")] = Field(
         default="1h",
         description="How much past load the planner weighs. Longer is steadier; shorter follows "
-        "traffic shifts (code vs chat) sooner. Must be at least refreshInterval.",
+        "traffic shifts (code vs chat) sooner. Must be at least refreshInterval. At most 24h: the "
+        "operator keeps the history in memory and in a ConfigMap (bounded in bytes, oldest dropped "
+        "first), and yesterday's traffic says little about now.",
     )
 
 
@@ -615,10 +636,11 @@ class MonitoringSpec(APIObject):
         "fire when a pool's balancedness (mean / max tokens over GPUs, 1.0 = perfect) stays below this "
         "for alertFor. The default is the cluster-wide rule file's.",
     )
-    alert_for: Duration = Field(
+    alert_for: Annotated[Duration, DurationRange("1m", "24h")] = Field(
         default="15m",
         description="How long a pool's balancedness must stay below minBalancedness before the "
-        "expert-imbalance alerts fire, as a duration.",
+        "expert-imbalance alerts fire, as a duration. From 1m (shorter fires on one bad scrape or one "
+        "rebalance in flight) to 24h (longer is an alert nobody sees).",
     )
 
 

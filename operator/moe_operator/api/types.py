@@ -8,10 +8,15 @@ the rest of the operator works with plain numbers.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Annotated, Any
 
-from pydantic import StringConstraints, WithJsonSchema
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler, StringConstraints, WithJsonSchema
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError, core_schema
+
+from .base import cel
 
 # The apiserver's own resource.Quantity grammar (as emitted by controller-gen).
 QUANTITY_PATTERN = (
@@ -77,6 +82,50 @@ ParamCount = Annotated[
 
 Duration = Annotated[str, StringConstraints(pattern=DURATION_PATTERN, max_length=32)]
 """A Go-style duration made of ms, s, m and h parts, such as ``5m`` or ``1h30m``."""
+
+
+@dataclass(frozen=True)
+class DurationRange:
+    """Bounds of a Duration field: ``Annotated[Duration, DurationRange("30s", "24h")]``.
+
+    Refused outside by pydantic (the webhook, the reconciler, `crds validate`) and by a CEL rule
+    in the CRD (the apiserver, also with the webhook down), in the same words: "must be a
+    duration from 30s to 24h: set one in that range".
+    """
+
+    minimum: str
+    maximum: str
+
+    @property
+    def message(self) -> str:
+        return f"must be a duration from {self.minimum} to {self.maximum}: set one in that range"
+
+    def rule(self) -> dict[str, Any]:
+        """The CEL rule; the pattern guard keeps duration() from failing on what the schema refuses."""
+        return cel(
+            f"!self.matches('{DURATION_PATTERN}') || (duration(self) >= duration('{self.minimum}') "
+            f"&& duration(self) <= duration('{self.maximum}'))",
+            self.message,
+        )
+
+    def _check(self, value: str) -> str:
+        if not parse_duration(self.minimum) <= parse_duration(value) <= parse_duration(self.maximum):
+            raise PydanticCustomError("duration_range", self.message + " (got {value})", {"value": value})
+        return value
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        json_schema = handler(schema)
+        json_schema["x-kubernetes-validations"] = [
+            *json_schema.get("x-kubernetes-validations", []),
+            self.rule(),
+        ]
+        return json_schema
+
 
 LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN, max_length=316)]
 

@@ -78,16 +78,23 @@ def _print(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from moe_operator.validation import validate
+    from moe_operator.validation import PlatformPolicy, PolicyError, validate
 
+    try:
+        policy = PlatformPolicy.from_file(args.policy) if args.policy else PlatformPolicy()
+    except PolicyError as exc:
+        print(f"{args.policy}: {exc}", file=sys.stderr)
+        return 2
     refused = 0
     for path in args.files:
         for doc in yaml.safe_load_all(path.read_text()):
             if not isinstance(doc, dict) or doc.get("kind") != "MoEDeployment":
                 continue
             spec: Any = doc.get("spec") or {}
-            name = (doc.get("metadata") or {}).get("name", "?")
-            problems = validate(spec, None)
+            metadata = doc.get("metadata") or {}
+            name = metadata.get("name", "?")
+            namespace = args.namespace or metadata.get("namespace")
+            problems = validate(spec, None, policy, namespace)
             refused += bool(problems)
             print(f"{path}: {name}: " + ("ok" if not problems else f"{len(problems)} problem(s)"))
             for problem in problems:
@@ -124,4 +131,18 @@ def register(subparsers: Any) -> None:
         help="run the admission rules on MoEDeployment manifests without a cluster; exit 1 if refused",
     )
     validate.add_argument("files", nargs="+", type=Path, help="YAML files (several documents allowed)")
+    validate.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="the platform's limits, as the chart's platform: block or a values file holding one "
+        "(default: the operator's safe defaults)",
+    )
+    validate.add_argument(
+        "--namespace",
+        "-n",
+        default=None,
+        help="namespace the manifests are applied to (default: each one's metadata.namespace); "
+        "platform grants such as hostNetworkNamespaces depend on it",
+    )
     validate.set_defaults(func=_validate)

@@ -13,6 +13,8 @@ from typing import Any
 
 from moe_operator.api import keys as K
 from moe_operator.cli.webhook import certificate_source, watch_certificate, webhook_files
+from moe_operator.validation.platform import PlatformPolicy, PolicyError
+from moe_operator.validation.platform import add_flags as add_platform_flags
 
 
 def register(subparsers: Any) -> None:
@@ -74,6 +76,7 @@ def register(subparsers: Any) -> None:
         default=os.environ.get("MOE_RUNTIME_IMAGE", "ghcr.io/moe-inference/moe-runtime:0.1.0"),
         help="image whose /opt/moe-runtime is copied into engine pods",
     )
+    add_platform_flags(p)
     p.add_argument(
         "--apply-concurrency",
         type=int,
@@ -97,6 +100,16 @@ class RoutineSuccessFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno == logging.INFO and self._routine.match(record.getMessage()))
+
+
+def platform_policy(args: argparse.Namespace) -> PlatformPolicy:
+    """The platform's limits from the flags; a wrong policy stops the operator before it admits anything."""
+    try:
+        policy = PlatformPolicy.from_args(args)
+    except PolicyError as exc:
+        raise SystemExit(f"moe-operator run: the platform policy is refused: {exc}") from exc
+    logging.getLogger(__name__).info(f"platform policy: {policy.to_values()}")
+    return policy
 
 
 OPTIONAL_APIS = {
@@ -169,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         settings=RuntimeSettings(runtime_image=args.runtime_image),
         metrics=metrics,
         wakeups=Wakeups(reconcile.RECONCILE_INTERVAL_S),
+        platform=platform_policy(args),
     )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="0.0.0.0", registry=metrics.registry)

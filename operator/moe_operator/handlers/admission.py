@@ -12,6 +12,7 @@ from typing import Any
 
 import kopf
 
+from moe_operator.handlers.state import operator_of
 from moe_operator.validation import validate
 
 GROUP = "moe.inference.dev"
@@ -21,11 +22,17 @@ RESOURCE = "moedeployments"
 @kopf.on.validate(
     GROUP, RESOURCE, id="validate", operations=["CREATE", "UPDATE"], ignore_failures=True, side_effects=False
 )
-async def validate_moedeployment(spec: kopf.Spec, **kwargs: Any) -> None:
+async def validate_moedeployment(spec: kopf.Spec, memo: kopf.Memo, **kwargs: Any) -> None:
     """Runs on the event loop (it is pure and takes well under a millisecond): a sync handler
-    would queue behind reconciles in kopf's thread pool and slow every create and update."""
+    would queue behind reconciles in kopf's thread pool and slow every create and update.
+
+    The platform's policy (what tenants may put into pods) and the object's namespace decide the
+    tenant rules, exactly as the reconciler's check_spec decides them.
+    """
     old = kwargs.get("old")
     old_spec = dict(old.get("spec") or {}) if kwargs.get("operation") == "UPDATE" and old else None
-    problems = validate(dict(spec), old_spec)
+    meta = kwargs.get("meta") or {}
+    namespace = kwargs.get("namespace") or meta.get("namespace")
+    problems = validate(dict(spec), old_spec, operator_of(memo).platform, namespace)
     if problems:
         raise kopf.AdmissionError("; ".join(f"{p.field}: {p.message}" for p in problems), code=422)

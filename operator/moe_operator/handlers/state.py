@@ -23,6 +23,7 @@ from moe_operator.handlers.metrics import OperatorMetrics
 from moe_operator.handlers.wakeups import Wakeups
 from moe_operator.reconcile.children import ChildKey
 from moe_operator.render.group import RuntimeSettings
+from moe_operator.validation.platform import DEFAULT_POLICY, PlatformPolicy
 
 T = TypeVar("T")
 APPLY_GRACE_S = 30.0  # how long an applied object counts as applied before the watch shows it
@@ -73,6 +74,7 @@ class OperatorState:
     settings: RuntimeSettings
     metrics: OperatorMetrics
     wakeups: Wakeups
+    platform: PlatformPolicy = DEFAULT_POLICY  # what tenants' specs may put into pods (validation.platform)
     # optional kinds (LeaderWorkerSet, PodMonitor, PrometheusRule) served when the operator started:
     # kopf watches only what discovery listed then, so only these can be used until a restart
     watched_kinds: frozenset[str] = frozenset()

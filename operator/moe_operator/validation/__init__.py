@@ -1,13 +1,16 @@
 """Admission rules for MoEDeployment specs (pure: dicts in, problems out).
 
 ``validate`` runs every rule the CRD's schema and CEL rules enforce, plus the ones that
-need the model catalog or arithmetic (memory fit, expert slots, NVLink domains), so a
-webhook, the CLI and tests all refuse the same specs with the same messages.
+need the model catalog or arithmetic (memory fit, expert slots, NVLink domains), plus what
+the platform allows tenants (model volume sources, env references, tolerations, host
+network: validation.platform), so the webhook, the reconciler, the CLI and tests all refuse
+the same specs with the same messages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..api.spec import MoEDeploymentSpec
@@ -15,38 +18,87 @@ from .arg_rules import check_extra_args
 from .consistency_rules import check_eplb, check_ports
 from .memory_rules import check_gpu_memory, check_memory
 from .model_rules import check_model
-from .pod_rules import check_env, check_resources
+from .platform import DEFAULT_POLICY, PlatformPolicy, PolicyError
+from .pod_rules import check_env, check_host_network, check_model_volume, check_resources, check_tolerations
 from .pool_rules import check_attention, check_backend, check_expert_slots, check_topology
 from .problem import Problem
 from .schema import parse_spec
 from .update_rules import check_update
 
-Rule = Callable[[MoEDeploymentSpec], list[Problem]]
+
+@dataclass(frozen=True)
+class Tenancy:
+    """Where a spec is admitted: the platform's policy (None: no platform limits) and the namespace."""
+
+    policy: PlatformPolicy | None
+    namespace: str | None
+
+
+Rule = Callable[[MoEDeploymentSpec, Tenancy], list[Problem]]
+
+
+def _spec_only(check: Callable[[MoEDeploymentSpec], list[Problem]]) -> Rule:
+    def rule(spec: MoEDeploymentSpec, _: Tenancy) -> list[Problem]:
+        return check(spec)
+
+    rule.__name__ = check.__name__
+    return rule
+
+
+def _platform(check: Callable[[MoEDeploymentSpec, PlatformPolicy], list[Problem]]) -> Rule:
+    def rule(spec: MoEDeploymentSpec, where: Tenancy) -> list[Problem]:
+        return [] if where.policy is None else check(spec, where.policy)
+
+    rule.__name__ = check.__name__
+    return rule
+
+
+def _env(spec: MoEDeploymentSpec, where: Tenancy) -> list[Problem]:
+    return check_env(spec, where.policy)
+
+
+def _host_network(spec: MoEDeploymentSpec, where: Tenancy) -> list[Problem]:
+    return [] if where.policy is None else check_host_network(spec, where.policy, where.namespace)
+
 
 RULES: tuple[Rule, ...] = (
-    check_model,
-    check_gpu_memory,
-    check_topology,
-    check_attention,
-    check_backend,
-    check_expert_slots,
-    check_memory,
-    check_extra_args,
-    check_env,
-    check_resources,
-    check_ports,
-    check_eplb,
+    _spec_only(check_model),
+    _platform(check_model_volume),
+    _spec_only(check_gpu_memory),
+    _spec_only(check_topology),
+    _spec_only(check_attention),
+    _spec_only(check_backend),
+    _spec_only(check_expert_slots),
+    _spec_only(check_memory),
+    _spec_only(check_extra_args),
+    _env,
+    _spec_only(check_resources),
+    _platform(check_tolerations),
+    _host_network,
+    _spec_only(check_ports),
+    _spec_only(check_eplb),
 )
 
 
-def validate(spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None = None) -> list[Problem]:
-    """Every reason to refuse ``spec`` (an update of ``old_spec`` when given); empty means admit."""
+def validate(
+    spec: Mapping[str, Any],
+    old_spec: Mapping[str, Any] | None = None,
+    policy: PlatformPolicy | None = DEFAULT_POLICY,
+    namespace: str | None = None,
+) -> list[Problem]:
+    """Every reason to refuse ``spec`` (an update of ``old_spec`` when given) in ``namespace`` under
+    the platform's ``policy`` (default: the safe defaults); empty means admit.
+
+    ``policy=None`` leaves out what the platform grants (volume sources, env references,
+    tolerations, host network): for offline tools that admit nothing, such as planning.
+    """
     problems = check_update(spec, old_spec) if old_spec is not None else []
     parsed, schema_problems = parse_spec(spec)
     if parsed is None:
         return [*problems, *schema_problems]
+    where = Tenancy(policy, namespace)
     for rule in RULES:
-        problems.extend(rule(parsed))
+        problems.extend(rule(parsed, where))
     return _unique(problems)
 
 
@@ -55,4 +107,4 @@ def _unique(problems: list[Problem]) -> list[Problem]:
     return list(dict.fromkeys(problems))
 
 
-__all__ = ["RULES", "Problem", "validate"]
+__all__ = ["RULES", "PlatformPolicy", "PolicyError", "Problem", "Tenancy", "validate"]

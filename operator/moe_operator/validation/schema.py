@@ -52,6 +52,8 @@ def _fix(error: ErrorDetails, name: str) -> str:
         return "remove it or fix its spelling (see `kubectl explain moedeployment.spec`)"
     if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         return "change the value to fit that bound"
+    if kind == "duration_range":  # api.types.DurationRange; the CRD's CEL rule says the same
+        return "`kubectl explain` shows why the field is bounded"
     if kind == "literal_error":
         return f"use one of {ctx.get('expected', 'the allowed values')}"
     if kind == "string_pattern_mismatch":
