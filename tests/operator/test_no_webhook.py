@@ -11,7 +11,7 @@ import pytest
 from test_reconciler import example, wait_ready
 
 from moe_sandbox.cluster import Sandbox
-from operator_harness import OperatorProcess, moed_path
+from operator_harness import OperatorProcess, bind_model_volume, moed_path
 
 pytestmark = pytest.mark.cluster
 
@@ -34,6 +34,7 @@ def without_webhook(
 def test_operator_without_webhook_reconciles(
     api: httpx.Client, namespace: str, without_webhook: OperatorProcess
 ) -> None:
+    bind_model_volume(api, namespace, "qwen3-30b-a3b")
     obj = example("qwen3-30b-a3b-single-node.yaml")
     obj["metadata"]["name"] = "nohook"
     assert api.post(moed_path(namespace), json=obj).status_code == 201
