@@ -85,13 +85,17 @@ def bench_sidecar(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
 
     port = args.port or _free_port()
+    probes, scrape = _free_port(), _free_port()
     work = Path(tempfile.mkdtemp(prefix="moe-bench-"))
+    (work / "token").write_text("bench")
     cmd = [
         sys.executable,
         "-m",
         "moe_runtime.bench",
         "_sidecar",
         str(port),
+        str(probes),
+        str(scrape),
         str(work),
         str(args.layers),
         str(args.experts),
@@ -100,12 +104,13 @@ def bench_sidecar(args: argparse.Namespace) -> dict[str, Any]:
     ]
     child = subprocess.Popen(cmd)
     base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": "Bearer bench"}
     rng = np.random.default_rng(0)
     try:
         with httpx.Client(timeout=10) as client:
             for _ in range(200):
                 try:
-                    if client.get(base + "/healthz").status_code == 200:
+                    if client.get(f"http://127.0.0.1:{probes}/healthz").status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
@@ -136,8 +141,8 @@ def bench_sidecar(args: argparse.Namespace) -> dict[str, Any]:
                 deadline = time.monotonic() + 10
                 while any(spool.glob("window-*.npz")) and time.monotonic() < deadline:
                     time.sleep(0.02)  # the sidecar ingests within its poll period (1 s)
-                client.get(base + "/metrics")  # one Prometheus scrape per window
-                client.get(base + "/v1/windows", params={"after": seq})  # one operator collect
+                client.get(f"http://127.0.0.1:{scrape}/metrics")  # one Prometheus scrape per window
+                client.get(base + "/v1/windows", params={"after": seq}, headers=auth)  # one collect
                 seq = i + 1
                 time.sleep(args.compress)
             wall = time.monotonic() - t1
@@ -161,14 +166,17 @@ def bench_sidecar(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_sidecar_child(argv: list[str]) -> int:
-    from moe_runtime.sidecar.service import Sidecar, SidecarOptions
+    from moe_runtime.sidecar.service import EngineCheck, Sidecar, SidecarOptions
     from moe_runtime.sidecar.state import EngineLayout
 
-    port, work, layers, experts, gpus, redundant = argv
+    port, probes, scrape, work, layers, experts, gpus, redundant = argv
     opts = SidecarOptions(
         host="127.0.0.1",
         port=int(port),
+        probe_port=int(probes),
+        metrics_port=int(scrape),
         state_dir=Path(work),
+        token_file=Path(work) / "token",
         layout=EngineLayout(
             num_gpus=int(gpus),
             gpus_per_node=8,
@@ -178,7 +186,8 @@ def _run_sidecar_child(argv: list[str]) -> int:
             top_k=8,
         ),
         identity={"instance": "bench", "role": "decode"},
-        engine_health_url=f"http://127.0.0.1:{port}/healthz",  # a health check every 5 s, as in a pod
+        # a health check every 5 s, as in a pod (here against its own probe listener)
+        engine_check=EngineCheck(f"http://127.0.0.1:{probes}/healthz"),
     )
 
     async def run() -> None:

@@ -45,14 +45,15 @@ def cmd_print_args(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from moe_runtime.launcher.run import launch, plan_launch
+    from moe_runtime.launcher.run import launch, plan_launch, sidecar_options
 
     try:
         plan = plan_launch(args.config, state_dir=args.state_dir)
+        opts = sidecar_options(plan)
     except ConfigError as exc:
         return _refuse(exc)
     print("moe-runtime: " + shlex.join(plan.argv), flush=True)
-    return asyncio.run(launch(plan))
+    return asyncio.run(launch(plan, opts))
 
 
 def cmd_sidecar(args: argparse.Namespace) -> int:

@@ -50,9 +50,18 @@ def test_golden_argv_parses_with_sglang(parser: argparse.ArgumentParser, name: s
     assert (
         ns.deepep_mode == {"prefill": "normal", "decode": "low_latency", "standalone": "auto"}[engine["role"]]
     )
-    assert ns.enable_eplb is True
-    assert ns.ep_num_redundant_experts == engine["eplb"]["numRedundantExperts"]
-    assert ns.eplb_rebalance_num_iterations == engine["eplb"]["rebalanceIterations"]
+    eplb = engine["eplb"]
+    if eplb["mode"] in ("operator", "engine"):
+        assert ns.enable_eplb is True  # SGLang rebalances, the plugin's hook decides
+        assert ns.expert_distribution_recorder_mode is None  # SGLang sets stat itself with EPLB
+    else:  # static: no rebalance ever; the recorder for the sidecar's dumps
+        assert ns.enable_eplb is False
+        assert ns.expert_distribution_recorder_mode == "stat"
+        # no buffer size given: SGLang sizes the circular buffer from the rebalance iterations
+        # (arg_groups/parallel_hook.py, handle_expert_distribution_metrics)
+        assert ns.expert_distribution_recorder_buffer_size is None
+    assert ns.ep_num_redundant_experts == eplb["numRedundantExperts"]
+    assert ns.eplb_rebalance_num_iterations == eplb["rebalanceIterations"]
     assert ns.enable_metrics is True
     assert ns.expert_balancedness_report_mode == "prometheus"
     assert ns.model_path == engine["modelPath"]

@@ -1,9 +1,11 @@
 """`moe-runtime launch` end to end with a fake `sglang.launch_server` (main venv).
 
-Checks supervision: sidecar up with the engine, readiness from the engine's /health,
+Checks supervision: sidecar up with the engine, readiness from the engine's /ready (rank 0)
+or its placeholder /health (worker ranks, which hang or start late in some cases),
 SIGTERM -> not ready -> SIGTERM to the engine -> exit with the engine's status; a
 SIGTERM-ignoring engine is killed after the grace period; an engine that dies on its own
-takes the pod down with its exit status.
+takes the pod down with its exit status; static mode reads windows from recorder dumps,
+the online modes never dump.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 import os
 import signal
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +24,23 @@ import pytest
 from rt_helpers import FAKE_ENGINE, free_port, runtime_cmd, wait_for
 
 
-def start(
-    tmp: Path, engine_env: dict[str, str], **cfg_over: Any
-) -> tuple[subprocess.Popen[str], httpx.Client, dict[str, Any]]:
-    http, sidecar = free_port(), free_port()
+@dataclass
+class Pod:
+    proc: subprocess.Popen[str]
+    probes: httpx.Client
+    api: httpx.Client
+    cfg: dict[str, Any]
+
+    def ready(self) -> httpx.Response:
+        return self.probes.get("/readyz")
+
+    def close(self) -> None:
+        self.probes.close()
+        self.api.close()
+
+
+def start(tmp: Path, engine_env: dict[str, str], **cfg_over: Any) -> Pod:
+    http, sidecar, probes, scrape = (free_port() for _ in range(4))
     cfg = {
         "modelPath": "/models/fake",
         "role": "decode",
@@ -46,18 +63,27 @@ def start(
             "MOE_RUNTIME_STATE_DIR": str(tmp / "state"),
             "MOE_RUNTIME_TOKEN_FILE": str(tmp / "token"),
             "MOE_SIDECAR_HOST": "127.0.0.1",
+            "MOE_RUNTIME_PROBE_PORT": str(probes),
+            "MOE_RUNTIME_METRICS_PORT": str(scrape),
             "MOE_INSTANCE": "fake-0",
             "POD_IP": "127.0.0.1",
             "FAKE_RECORD": str(tmp / "record.json"),
             "FAKE_TERM_MARKER": str(tmp / "terminated"),
+            "FAKE_CALLS": str(tmp / "calls"),
             **engine_env,
         }
     )
     proc = subprocess.Popen(
         runtime_cmd("launch"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    client = httpx.Client(base_url=f"http://127.0.0.1:{sidecar}", timeout=5)
-    return proc, client, cfg
+    return Pod(
+        proc,
+        httpx.Client(base_url=f"http://127.0.0.1:{probes}", timeout=5),
+        httpx.Client(
+            base_url=f"http://127.0.0.1:{sidecar}", timeout=5, headers={"Authorization": "Bearer t"}
+        ),
+        cfg,
+    )
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
@@ -66,55 +92,52 @@ def finish(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
 
 
 def test_sigterm_drains_then_stops_the_engine_and_propagates_its_status(tmp_path: Path) -> None:
-    proc, client, cfg = start(tmp_path, {"FAKE_EXIT_CODE": "7"})
+    pod = start(tmp_path, {"FAKE_EXIT_CODE": "7"})
     try:
-        wait_for(lambda: client.get("/readyz").status_code == 200, what="engine ready via sidecar")
+        r = wait_for(lambda: pod.ready().status_code == 200 and pod.ready(), what="engine ready via sidecar")
+        assert r.json()["reason"] == "engine ready"
         rec = json.loads((tmp_path / "record.json").read_text())
         argv = rec["argv"]
-        assert argv[argv.index("--port") + 1] == str(cfg["ports"]["http"])
+        assert argv[argv.index("--port") + 1] == str(pod.cfg["ports"]["http"])
         assert rec["env"]["MOE_EPLB_MODE"] == "operator"
         assert rec["env"]["MOE_RUNTIME_STATE_DIR"] == str(tmp_path / "state")
         assert rec["env"]["SGLANG_HOST_IP"] == "127.0.0.1"
         assert rec["env"]["SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR"].startswith(str(tmp_path / "state"))
-        proc.send_signal(signal.SIGTERM)
+        pod.proc.send_signal(signal.SIGTERM)
         # drain: not ready before the engine hears about it
-        r = wait_for(
-            lambda: client.get("/readyz").status_code == 503 and client.get("/readyz"),
-            timeout=5,
-            what="not ready",
-        )
+        r = wait_for(lambda: pod.ready().status_code == 503 and pod.ready(), timeout=5, what="not ready")
         assert r.json()["reason"] == "draining"
         assert not (tmp_path / "terminated").exists()
-        code, out = finish(proc)
+        code, out = finish(pod.proc)
         assert code == 7, out
         assert (tmp_path / "terminated").exists()
     finally:
-        client.close()
-        if proc.poll() is None:
-            proc.kill()
+        pod.close()
+        if pod.proc.poll() is None:
+            pod.proc.kill()
 
 
 def test_engine_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
-    proc, client, _ = start(tmp_path, {"FAKE_IGNORE_TERM": "1"})
+    pod = start(tmp_path, {"FAKE_IGNORE_TERM": "1"})
     try:
-        wait_for(lambda: client.get("/readyz").status_code == 200, what="ready")
-        proc.send_signal(signal.SIGTERM)
-        code, out = finish(proc)
+        wait_for(lambda: pod.ready().status_code == 200, what="ready")
+        pod.proc.send_signal(signal.SIGTERM)
+        code, out = finish(pod.proc)
         assert code == 128 + signal.SIGKILL, out  # SIGKILLed after drain + grace
         assert "ignored SIGTERM" in out
     finally:
-        client.close()
-        if proc.poll() is None:
-            proc.kill()
+        pod.close()
+        if pod.proc.poll() is None:
+            pod.proc.kill()
 
 
 def test_engine_crash_ends_the_pod_with_its_status(tmp_path: Path) -> None:
-    proc, client, _ = start(tmp_path, {"FAKE_EXIT_AFTER": "1.5", "FAKE_EXIT_CODE": "3"})
+    pod = start(tmp_path, {"FAKE_EXIT_AFTER": "1.5", "FAKE_EXIT_CODE": "3"})
     try:
-        code, out = finish(proc)
+        code, out = finish(pod.proc)
         assert code == 3, out
     finally:
-        client.close()
+        pod.close()
 
 
 def test_launch_mounts_the_persisted_placement(tmp_path: Path) -> None:
@@ -124,35 +147,93 @@ def test_launch_mounts_the_persisted_placement(tmp_path: Path) -> None:
     (tmp_path / "placement.json").write_text(
         json.dumps({"version": 4, "generatedAt": "2026-01-01T00:00:00Z", "physicalToLogicalMap": m.tolist()})
     )
-    proc, client, _ = start(tmp_path, {})
+    pod = start(tmp_path, {})
     try:
-        wait_for(lambda: client.get("/readyz").status_code == 200, what="ready")
+        wait_for(lambda: pod.ready().status_code == 200, what="ready")
         argv = json.loads((tmp_path / "record.json").read_text())["argv"]
         init = Path(argv[argv.index("--init-expert-location") + 1])
         assert json.loads(init.read_text()) == {"physical_to_logical_map": m.tolist()}
-        st = client.get("/v1/status").json()
+        st = pod.api.get("/v1/status").json()
         assert st["placement"]["applied"]["source"] == "init" and st["placement"]["applied"]["version"] == 4
     finally:
-        proc.send_signal(signal.SIGTERM)
-        finish(proc)
-        client.close()
+        pod.proc.send_signal(signal.SIGTERM)
+        finish(pod.proc)
+        pod.close()
 
 
-@pytest.mark.parametrize("rank", ["1"])
-def test_non_leader_ranks_are_ready_while_the_engine_runs(tmp_path: Path, rank: str) -> None:
-    proc, client, _ = start(
+def test_worker_ranks_are_ready_when_their_placeholder_health_answers(tmp_path: Path) -> None:
+    """node_rank >= 1: SGLang serves /health on --port once its schedulers are ready, and a hung
+    rank stops answering it: the pod is unready before, ready then, unready while hung."""
+    hang = tmp_path / "hang"
+    pod = start(
         tmp_path,
-        {"MOE_RANK": rank, "MOE_LEADER_ADDRESS": "leader.example", "MOE_NNODES": "2"},
+        {"MOE_RANK": "1", "MOE_LEADER_ADDRESS": "leader.example", "MOE_NNODES": "2",
+         "FAKE_READY_AFTER": "2", "FAKE_HANG_FILE": str(hang)},
         parallel={"nnodes": 2, "gpusPerNode": 8},
         eplb={"numRedundantExperts": 16},
-    )
+    )  # fmt: skip
     try:
-        r = wait_for(lambda: client.get("/readyz").status_code == 200 and client.get("/readyz"), what="ready")
-        assert r.json()["reason"] == "engine process running"
+        r = wait_for(
+            lambda: (
+                pod.ready().status_code == 503 and "/health" in pod.ready().json()["reason"] and pod.ready()
+            ),
+            what="not ready while its schedulers start (nothing listens yet)",
+        )
+        r = wait_for(lambda: pod.ready().status_code == 200 and pod.ready(), what="ready")
+        assert r.json()["reason"] == "engine ready"
         argv = json.loads((tmp_path / "record.json").read_text())["argv"]
         assert argv[argv.index("--node-rank") + 1] == "1"
         assert argv[argv.index("--dist-init-addr") + 1] == "leader.example:20102"
+        hang.touch()  # the rank hangs: its health check times out
+        r = wait_for(lambda: pod.ready().status_code == 503 and pod.ready(), timeout=15, what="unready")
+        assert "not answering" in r.json()["reason"]
+        hang.unlink()
+        wait_for(lambda: pod.ready().status_code == 200, timeout=15, what="ready again")
+        assert not (tmp_path / "calls").exists()  # a worker's sidecar never touches the recorder
     finally:
-        proc.send_signal(signal.SIGTERM)
-        finish(proc)
-        client.close()
+        hang.unlink(missing_ok=True)
+        pod.proc.send_signal(signal.SIGTERM)
+        finish(pod.proc)
+        pod.close()
+
+
+def test_static_mode_windows_come_from_recorder_dumps(tmp_path: Path) -> None:
+    pod = start(
+        tmp_path,
+        {"MOE_RUNTIME_RECORDER_INTERVAL_SECONDS": "0.2"},
+        eplb={"mode": "static", "numRedundantExperts": 8},
+    )
+    try:
+        wait_for(lambda: pod.api.get("/v1/windows").json()["windows"], timeout=30, what="a window")
+        argv = json.loads((tmp_path / "record.json").read_text())["argv"]
+        assert "--enable-eplb" not in argv
+        assert argv[argv.index("--expert-distribution-recorder-mode") + 1] == "stat"
+        w = pod.api.get("/v1/windows/latest").json()
+        assert w["passes"] == 5 and w["counts"][0] == [0] * 16 and w["counts"][1] == [15] * 16
+        calls = (tmp_path / "calls").read_text().splitlines()
+        assert calls[0] == "POST /start_expert_distribution_record"
+        assert "POST /dump_expert_distribution_record" in calls
+        assert pod.api.get("/v1/status").json()["load_source"] == "recorder"
+    finally:
+        pod.proc.send_signal(signal.SIGTERM)
+        finish(pod.proc)
+        pod.close()
+
+
+@pytest.mark.parametrize("mode", ["operator", "engine"])
+def test_online_modes_never_dump_the_recorder(tmp_path: Path, mode: str) -> None:
+    """A dump resets the recorder that in-engine EPLB reads: the sidecar must not steal its window."""
+    pod = start(
+        tmp_path,
+        {"MOE_RUNTIME_RECORDER_INTERVAL_SECONDS": "0.1"},
+        eplb={"mode": mode, "numRedundantExperts": 8},
+    )
+    try:
+        wait_for(lambda: pod.ready().status_code == 200, what="ready")
+        time.sleep(1.0)
+        assert not (tmp_path / "calls").exists()
+        assert pod.api.get("/v1/status").json()["load_source"] == "rebalance hook"
+    finally:
+        pod.proc.send_signal(signal.SIGTERM)
+        finish(pod.proc)
+        pod.close()

@@ -3,10 +3,13 @@ placement pushed to it changes the measured balancedness of the replayed traffic
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,7 @@ import numpy as np
 import pytest
 from rt_helpers import free_port, metric, runtime_cmd, wait_for
 
+from moe_placement.maps import trivial_map
 from moe_runtime.replay.baseline import deepseek_global
 
 TOKEN = "replay-token"
@@ -22,10 +26,21 @@ LAYERS, DENSE, EXPERTS, GPUS, REDUNDANT = 4, 1, 16, 4, 4
 SLOTS = EXPERTS + REDUNDANT
 
 
-@pytest.fixture
-def replay(tmp_path: Path) -> Iterator[tuple[httpx.Client, subprocess.Popen[str]]]:
+@dataclass
+class Replay:
+    api: httpx.Client  # the API port (reads are open in replay unless --reads token)
+    probes: httpx.Client
+    sidecar_metrics: httpx.Client
+    engine: httpx.Client  # the stand-in SGLang's HTTP port
+    proc: subprocess.Popen[str]
+
+    def get(self, path: str, **kw: Any) -> httpx.Response:
+        return self.api.get(path, **kw)
+
+
+def start_replay(tmp_path: Path, *extra: str) -> Replay:
     (tmp_path / "token").write_text(TOKEN)
-    port = free_port()
+    ports = [free_port() for _ in range(4)]
     cmd = runtime_cmd(
         "replay",
         "--model", "tiny",
@@ -37,34 +52,52 @@ def replay(tmp_path: Path) -> Iterator[tuple[httpx.Client, subprocess.Popen[str]
         "--redundant", str(REDUNDANT),
         "--rebalance-iterations", "40",
         "--pass-interval", "0.002",
-        "--port", str(port),
+        "--port", str(ports[0]),
+        "--probe-port", str(ports[1]),
+        "--metrics-port", str(ports[2]),
+        "--engine-port", str(ports[3]),
         "--state-dir", str(tmp_path / "state"),
         "--token-file", str(tmp_path / "token"),
         "--poll-interval", "0.05",
+        "--recorder-interval", "0.2",
         "--planner", "off",
         "--seed", "3",
+        *extra,
     )  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10)
+    clients = [httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=10) for p in ports]
+    r = Replay(clients[0], clients[1], clients[2], clients[3], proc)
+    wait_for(lambda: r.probes.get("/healthz").status_code == 200, what="replay API")
+    return r
+
+
+def stop_replay(r: Replay) -> None:
+    for c in (r.api, r.probes, r.sidecar_metrics, r.engine):
+        c.close()
+    r.proc.send_signal(signal.SIGTERM)
     try:
-        wait_for(lambda: client.get("/healthz").status_code == 200, what="replay API")
-        yield client, proc
+        r.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        r.proc.kill()
+    if r.proc.returncode not in (0, -signal.SIGTERM):
+        print(r.proc.stdout.read() if r.proc.stdout else "")
+
+
+@pytest.fixture
+def replay(tmp_path: Path) -> Iterator[Replay]:
+    r = start_replay(tmp_path)
+    try:
+        yield r
     finally:
-        client.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if proc.returncode not in (0, -signal.SIGTERM):
-            print(proc.stdout.read() if proc.stdout else "")
+        stop_replay(r)
 
 
-def scrape(client: httpx.Client) -> str:
-    return client.get("/metrics").text
+def scrape(client: Replay) -> str:
+    """Both /metrics of the pod: SGLang's (engine port) and the sidecar's (metrics port)."""
+    return client.engine.get("/metrics").text + client.sidecar_metrics.get("/metrics").text
 
 
-def sglang_balancedness(client: httpx.Client) -> tuple[float, float]:
+def sglang_balancedness(client: Replay) -> tuple[float, float]:
     text = scrape(client)
     s = metric(text, "sglang:eplb_balancedness_sum", forward_mode="decode")
     c = metric(text, "sglang:eplb_balancedness_count", forward_mode="decode")
@@ -72,7 +105,7 @@ def sglang_balancedness(client: httpx.Client) -> tuple[float, float]:
     return s, c
 
 
-def measure(client: httpx.Client, passes: int = 120) -> float:
+def measure(client: Replay, passes: int = 120) -> float:
     """Mean balancedness SGLang-style over the next `passes` replayed passes."""
     s0, c0 = sglang_balancedness(client)
     wait_for(lambda: sglang_balancedness(client)[1] >= c0 + passes, timeout=60, what="passes")
@@ -80,7 +113,7 @@ def measure(client: httpx.Client, passes: int = 120) -> float:
     return (s1 - s0) / (c1 - c0)
 
 
-def loads(client: httpx.Client) -> np.ndarray:
+def loads(client: Replay) -> np.ndarray:
     wins = client.get("/v1/windows").json()["windows"]
     return np.sum([w["counts"] for w in wins[-5:]], axis=0)
 
@@ -97,8 +130,8 @@ def hot_on_one_gpu(load: np.ndarray) -> np.ndarray:
     return out
 
 
-def push(client: httpx.Client, version: int, m: np.ndarray) -> dict[str, Any]:
-    r = client.put(
+def push(client: Replay, version: int, m: np.ndarray) -> dict[str, Any]:
+    r = client.api.put(
         "/v1/placement",
         json={"version": version, "physical_to_logical_map": m.tolist()},
         headers={"Authorization": f"Bearer {TOKEN}"},
@@ -107,20 +140,21 @@ def push(client: httpx.Client, version: int, m: np.ndarray) -> dict[str, Any]:
     return dict(r.json())
 
 
-def applied_version(client: httpx.Client) -> float | None:
+def applied_version(client: Replay) -> float | None:
     return metric(scrape(client), "moe_runtime_placement_applied_version")
 
 
-def test_replay_serves_the_sidecar_api(replay: tuple[httpx.Client, subprocess.Popen[str]]) -> None:
-    client, _ = replay
-    wait_for(lambda: client.get("/readyz").status_code == 200, what="ready")
-    assert client.get("/health").status_code == 200
+def test_replay_serves_the_sidecar_api(replay: Replay) -> None:
+    client = replay
+    wait_for(lambda: client.probes.get("/readyz").status_code == 200, what="ready")
+    assert client.engine.get("/health").status_code == 200
+    assert client.engine.get("/ready").status_code == 200
     wait_for(lambda: client.get("/v1/windows").json()["windows"], what="a window")
     w = client.get("/v1/windows/latest").json()
     assert (w["num_layers"], w["num_experts"]) == (LAYERS, EXPERTS)
     assert w["passes"] == 40 and w["tokens"] > 0 and sum(w["counts"][0]) == 0  # dense layer
     st = client.get("/v1/status").json()
-    assert st["engine"] == {"ready": True, "reason": "engine process running", "draining": False}
+    assert st["engine"] == {"ready": True, "reason": "engine ready", "draining": False}
     assert st["plugin"]["decisions"].get("original", 0) >= 1
     text = scrape(client)
     for name in (
@@ -136,13 +170,16 @@ def test_replay_serves_the_sidecar_api(replay: tuple[httpx.Client, subprocess.Po
         "moe_runtime_plugin_errors_total",
     ):
         assert name in text, name
-    assert client.put("/v1/placement", json={}).status_code == 401
+    assert client.api.put("/v1/placement", json={}).status_code == 401
+    rep = client.get("/v1/replay").json()
+    # operator mode: SGLang's EPLB takes the recorder's window at every rebalance; no dump
+    assert rep["rebalances"] >= 1 and rep["recorder"] == {"recording": True, "dumps": 0}
 
 
 def test_pushed_placement_changes_measured_balancedness(
-    replay: tuple[httpx.Client, subprocess.Popen[str]],
+    replay: Replay,
 ) -> None:
-    client, _ = replay
+    client = replay
     wait_for(lambda: len(client.get("/v1/windows").json()["windows"]) >= 3, timeout=60, what="3 windows")
     load = loads(client)
 
@@ -171,30 +208,167 @@ def test_pushed_placement_changes_measured_balancedness(
 def test_replay_with_engine_config(tmp_path: Path) -> None:
     """The e2e harness starts replay with the same EngineConfig the operator renders."""
     cfg = tmp_path / "engine.json"
+    http, sidecar = free_port(), free_port()
     cfg.write_text(
         '{"modelPath": "deepseek-ai/DeepSeek-V3", "role": "prefill",'
         ' "parallel": {"nnodes": 1, "gpusPerNode": 8},'
         ' "eplb": {"numRedundantExperts": 8, "rebalanceIterations": 20},'
-        ' "model": {"numLayers": 5, "numExperts": 32, "topK": 4}}'
+        ' "model": {"numLayers": 5, "numExperts": 32, "topK": 4},'
+        f' "ports": {{"http": {http}, "sidecar": {sidecar}}}}}'
     )
-    port = free_port()
+    probes, scrape_port = free_port(), free_port()
     proc = subprocess.Popen(
-        runtime_cmd("replay", "--engine-config", str(cfg), "--port", str(port), "--pass-interval", "0.005",
+        runtime_cmd("replay", "--engine-config", str(cfg), "--pass-interval", "0.005",
+                    "--probe-port", str(probes), "--metrics-port", str(scrape_port),
                     "--state-dir", str(tmp_path / "s"), "--poll-interval", "0.05", "--planner", "off"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ},
     )  # fmt: skip
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
+        with (
+            httpx.Client(base_url=f"http://127.0.0.1:{sidecar}", timeout=10) as c,
+            httpx.Client(base_url=f"http://127.0.0.1:{http}", timeout=10) as engine,
+        ):
             wait_for(lambda: c.get("/v1/windows").json()["windows"], what="a window")
             st = c.get("/v1/status").json()
             assert st["role"] == "prefill" and st["model"] == "deepseek-ai/DeepSeek-V3"
             assert st["layout"] == {
                 "num_layers": 5, "num_experts": 32, "num_redundant": 8, "num_gpus": 8, "top_k": 4, "dispatch": "static"
             }  # fmt: skip
-            assert metric(c.get("/metrics").text, "sglang:eplb_balancedness_count", forward_mode="extend")
+            assert metric(
+                engine.get("/metrics").text, "sglang:eplb_balancedness_count", forward_mode="extend"
+            )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def test_static_mode_never_rebalances_and_windows_come_from_recorder_dumps(tmp_path: Path) -> None:
+    """SGLang without --enable-eplb: no rebalance_experts call, the sidecar dumps the recorder."""
+    m = np.stack(
+        [np.random.default_rng(i).permutation(trivial_map(1, EXPERTS, SLOTS)[0]) for i in range(LAYERS)]
+    )
+    (tmp_path / "placement.json").write_text(json.dumps(
+        {"version": 4, "generatedAt": "2026-01-01T00:00:00Z", "physicalToLogicalMap": m.tolist()}
+    ))  # fmt: skip
+    r = start_replay(tmp_path, "--eplb-mode", "static", "--placement-file", str(tmp_path / "placement.json"))
+    try:
+        wait_for(lambda: len(r.get("/v1/windows").json()["windows"]) >= 3, timeout=60, what="3 windows")
+        rep = r.get("/v1/replay").json()
+        assert rep["mode"] == "static" and rep["rebalances"] == 0 and rep["last_decision"] is None
+        assert rep["recorder"]["recording"] and rep["recorder"]["dumps"] >= 3
+        st = r.get("/v1/status").json()
+        assert st["load_source"] == "recorder" and st["plugin"] == {}  # the hook never ran
+        # booted with the persisted placement, as the launcher's --init-expert-location does
+        assert st["placement"]["applied"] == {**st["placement"]["applied"], "source": "init", "version": 4}
+        w = r.get("/v1/windows/latest").json()
+        assert w["placement"] == {"source": "init", "version": 4}
+        assert 0 < w["passes"] <= 40 and sum(w["counts"][0]) == 0 and w["tokens"] > 0  # buffer: 40 passes
+        # a push is held but never applied: there is no rebalance to apply it at
+        push(r, 5, m)
+        time.sleep(1.0)
+        assert r.get("/v1/status").json()["placement"]["applied"]["version"] == 4
+        assert metric(scrape(r), "moe_runtime_recorder_dumps_total", result="ok")
+    finally:
+        stop_replay(r)
+
+
+def test_off_mode_has_no_rebalance_no_recorder_and_no_windows(tmp_path: Path) -> None:
+    r = start_replay(tmp_path, "--eplb-mode", "off")
+    try:
+        wait_for(lambda: r.get("/v1/replay").json()["passes"] > 200, what="passes")
+        rep = r.get("/v1/replay").json()
+        assert rep["rebalances"] == 0 and rep["recorder"] is None
+        assert r.get("/v1/windows").json()["windows"] == []
+        dump = r.engine.post("/dump_expert_distribution_record")
+        assert dump.status_code == 500 and "expert_distribution_recorder_mode" in dump.text
+    finally:
+        stop_replay(r)
+
+
+def test_engine_mode_rebalances_with_sglangs_algorithm(tmp_path: Path) -> None:
+    r = start_replay(tmp_path, "--eplb-mode", "engine")
+    try:
+        wait_for(lambda: r.get("/v1/replay").json()["rebalances"] >= 2, timeout=60, what="rebalances")
+        rep = r.get("/v1/replay").json()
+        assert rep["last_decision"]["source"] == "original" and rep["recorder"]["dumps"] == 0
+        assert r.get("/v1/status").json()["plugin"]["decisions"]["original"] >= 2
+        wait_for(lambda: r.get("/v1/windows").json()["windows"], what="windows exported by the hook")
+    finally:
+        stop_replay(r)
+
+
+def test_reads_can_require_the_token_as_launch_does(tmp_path: Path) -> None:
+    r = start_replay(tmp_path, "--reads", "token")
+    try:
+        assert r.get("/v1/windows").status_code == 401
+        assert r.get("/v1/replay").status_code == 401
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert r.get("/v1/windows", headers=auth).status_code == 200
+        assert r.probes.get("/readyz").status_code in (200, 503)
+    finally:
+        stop_replay(r)
+
+
+def test_offered_load_raises_latency(tmp_path: Path) -> None:
+    r = start_replay(tmp_path, "--request-rate", "2")
+    try:
+
+        def p95(name: str) -> float | None:
+            text = r.engine.get("/metrics").text
+            return quantile(text, name, 0.95)
+
+        wait_for(lambda: p95("sglang:inter_token_latency_seconds") is not None, what="ITL samples")
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert r.api.post("/v1/replay/load", json={"requestRate": 40}).status_code == 401
+        for bad in ({"requestRate": -1}, {"requestRate": "fast"}, {"rate": 3}, {"requestRate": 1e9}):
+            assert r.api.post("/v1/replay/load", json=bad, headers=auth).status_code == 400, bad
+        before = r.engine.get("/metrics").text
+        assert r.api.post("/v1/replay/load", json={"requestRate": 40}, headers=auth).status_code == 200
+        base_ttft = quantile(before, "sglang:time_to_first_token_seconds", 0.95)
+        base_itl = quantile(before, "sglang:inter_token_latency_seconds", 0.95)
+
+        def slow() -> tuple[float, float] | None:
+            # the batch fills first (a few seconds), then the queue grows: TTFT with it
+            after = r.engine.get("/metrics").text
+            ttft = quantile(after, "sglang:time_to_first_token_seconds", 0.95, since=before)
+            itl = quantile(after, "sglang:inter_token_latency_seconds", 0.95, since=before)
+            return (ttft, itl) if ttft and itl and ttft > 2.0 and itl > 0.1 else None
+
+        ttft, itl = wait_for(slow, timeout=60, interval=1, what="p95 TTFT > 2 s and ITL > 0.1 s")
+        print(f"p95 TTFT {base_ttft} -> {ttft}, p95 ITL {base_itl} -> {itl}")
+        assert base_ttft is not None and base_ttft < 0.5 and base_itl is not None and base_itl < 0.06
+        assert r.get("/v1/replay").json()["load"]["queued"] > 0
+    finally:
+        stop_replay(r)
+
+
+def quantile(text: str, family: str, q: float, since: str | None = None) -> float | None:
+    """histogram_quantile over every label set of a family (minus the counts of ``since``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def buckets(t: str) -> dict[float, float]:
+        out: dict[float, float] = {}
+        for fam in text_string_to_metric_families(t):
+            for s in fam.samples:
+                if s.name == family + "_bucket":
+                    le = float(s.labels["le"])
+                    out[le] = out.get(le, 0.0) + s.value
+        return out
+
+    now = buckets(text)
+    old = buckets(since) if since else {}
+    cum = sorted((le, now[le] - old.get(le, 0.0)) for le in now)
+    if not cum or cum[-1][1] <= 0:
+        return None
+    rank = q * cum[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in cum:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * (rank - prev_c) / max(c - prev_c, 1e-9)
+        prev_le, prev_c = le, c
+    return None
 
 
 def test_trace_shift_moves_hot_experts_and_keeps_the_skew() -> None:
@@ -210,16 +384,16 @@ def test_trace_shift_moves_hot_experts_and_keeps_the_skew() -> None:
 
 
 def test_shift_endpoint_makes_a_fitted_placement_stale(
-    replay: tuple[httpx.Client, subprocess.Popen[str]],
+    replay: Replay,
 ) -> None:
-    client, _ = replay
-    assert client.post("/v1/replay/shift", json={}).status_code == 401
+    client = replay
+    assert client.api.post("/v1/replay/shift", json={}).status_code == 401
     wait_for(lambda: len(client.get("/v1/windows").json()["windows"]) >= 3, timeout=60, what="3 windows")
     push(client, 1, deepseek_global(loads(client), GPUS, REDUNDANT))
     wait_for(lambda: applied_version(client) == 1, timeout=60, what="v1 applied at a rebalance")
     fitted = measure(client)
 
-    r = client.post("/v1/replay/shift", json={"seed": 11}, headers={"Authorization": f"Bearer {TOKEN}"})
+    r = client.api.post("/v1/replay/shift", json={"seed": 11}, headers={"Authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 200 and r.json()["seed"] == 11, r.text
     wait_for(lambda: client.get("/v1/replay").json()["shifts"] == 1, what="the shift applied")
     stale = measure(client)

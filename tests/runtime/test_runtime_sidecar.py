@@ -1,4 +1,5 @@
-"""Sidecar HTTP API: health/readiness, load windows, placement pushes with auth, metrics."""
+"""Sidecar HTTP API: probes, metrics and the token-protected API on their own listeners; load
+windows from the plugin spool and (static mode) from SGLang's recorder dumps; placement pushes."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +18,35 @@ from aiohttp import web
 from rt_helpers import free_port, metric
 
 from moe_placement.maps import trivial_map
-from moe_runtime import exchange
-from moe_runtime.sidecar.service import Sidecar, SidecarOptions
+from moe_runtime import exchange, recorder
+from moe_runtime.sidecar.service import EngineCheck, RecorderSource, Sidecar, SidecarOptions
 from moe_runtime.sidecar.state import EngineLayout
 
 LAYOUT = EngineLayout(num_gpus=4, gpus_per_node=2, num_redundant=4, num_layers=3, num_experts=8, top_k=2)
 TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@dataclass
+class Clients:
+    api: httpx.AsyncClient  # the API port, with the token
+    bare: httpx.AsyncClient  # the API port, no token
+    probes: httpx.AsyncClient
+    metrics: httpx.AsyncClient
+
+    async def scrape(self) -> str:
+        return (await self.metrics.get("/metrics")).text
 
 
 @asynccontextmanager
-async def sidecar(tmp: Path, **kw: Any) -> AsyncIterator[tuple[Sidecar, httpx.AsyncClient]]:
+async def sidecar(tmp: Path, **kw: Any) -> AsyncIterator[tuple[Sidecar, Clients]]:
     token = tmp / "token"
     token.write_text(TOKEN + "\n")
     opts = SidecarOptions(
         host="127.0.0.1",
-        port=free_port(),
+        port=0,
+        probe_port=0,
+        metrics_port=0,
         state_dir=tmp / "state",
         token_file=token,
         layout=LAYOUT,
@@ -41,9 +57,16 @@ async def sidecar(tmp: Path, **kw: Any) -> AsyncIterator[tuple[Sidecar, httpx.As
     )
     side = Sidecar(opts)
     await side.start()
+    ports = side.ports
+    url = "http://127.0.0.1:{}".format
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{opts.port}", timeout=10) as client:
-            yield side, client
+        async with (
+            httpx.AsyncClient(base_url=url(ports["api"]), headers=AUTH, timeout=10) as api,
+            httpx.AsyncClient(base_url=url(ports["api"]), timeout=10) as bare,
+            httpx.AsyncClient(base_url=url(ports["probes"]), timeout=10) as probes,
+            httpx.AsyncClient(base_url=url(ports["metrics"]), timeout=10) as scrape,
+        ):
+            yield side, Clients(api, bare, probes, scrape)
     finally:
         await side.stop()
 
@@ -62,27 +85,28 @@ def placement_body(version: int, m: np.ndarray | None = None) -> dict[str, Any]:
     return {"version": version, "physical_to_logical_map": m.tolist()}
 
 
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
 def test_push_requires_the_bearer_token(tmp_path: Path) -> None:
     async def run() -> None:
         async with sidecar(tmp_path) as (_, c):
-            assert (await c.put("/v1/placement", json=placement_body(1))).status_code == 401
-            r = await c.put("/v1/placement", json=placement_body(1), headers={"Authorization": "Bearer nope"})
+            assert (await c.bare.put("/v1/placement", json=placement_body(1))).status_code == 401
+            r = await c.bare.put(
+                "/v1/placement", json=placement_body(1), headers={"Authorization": "Bearer nope"}
+            )
             assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
-            r = await c.put("/v1/placement", json=placement_body(1), headers=AUTH)
+            r = await c.bare.put("/v1/placement", json=placement_body(1), headers=AUTH)
             assert r.status_code == 200 and r.json()["result"] == "accepted"
             (tmp_path / "token").write_text("rotated")  # the Secret was updated in place
-            assert (await c.put("/v1/placement", json=placement_body(2), headers=AUTH)).status_code == 401
-            r = await c.post(
+            assert (
+                await c.bare.put("/v1/placement", json=placement_body(2), headers=AUTH)
+            ).status_code == 401
+            r = await c.bare.post(
                 "/v1/placement", json=placement_body(2), headers={"Authorization": "Bearer rotated"}
             )
             assert r.status_code == 200
             (tmp_path / "token").unlink()
-            r = await c.put("/v1/placement", json=placement_body(3), headers=AUTH)
+            r = await c.bare.put("/v1/placement", json=placement_body(3), headers=AUTH)
             assert r.status_code == 503 and "disabled" in r.json()["error"]
-            metrics = (await c.get("/metrics")).text
+            metrics = await c.scrape()
             assert 'moe_runtime_placement_pushes_total{result="unauthorized"} 4.0' in metrics
 
     asyncio.run(run())
@@ -92,31 +116,35 @@ def test_push_validation_and_versions(tmp_path: Path) -> None:
     async def run() -> None:
         async with sidecar(tmp_path) as (side, c):
             drop = np.zeros((3, 12), dtype=np.int64)
-            r = await c.put("/v1/placement", json=placement_body(1, drop), headers=AUTH)
+            r = await c.bare.put("/v1/placement", json=placement_body(1, drop), headers=AUTH)
             assert r.status_code == 422 and "drops" in r.json()["error"]
-            r = await c.put("/v1/placement", json=placement_body(1, trivial_map(3, 8, 16)), headers=AUTH)
+            r = await c.bare.put("/v1/placement", json=placement_body(1, trivial_map(3, 8, 16)), headers=AUTH)
             assert r.status_code == 422 and "slots" in r.json()["error"]
-            r = await c.put("/v1/placement", json=placement_body(1, trivial_map(2, 8, 12)), headers=AUTH)
+            r = await c.bare.put("/v1/placement", json=placement_body(1, trivial_map(2, 8, 12)), headers=AUTH)
             assert r.status_code == 422 and "layers" in r.json()["error"]
-            r = await c.put("/v1/placement", content=b"not json", headers=AUTH)
+            r = await c.bare.put("/v1/placement", content=b"not json", headers=AUTH)
             assert r.status_code == 400
-            r = await c.put("/v1/placement", json={"physical_to_logical_map": [[0]]}, headers=AUTH)
+            r = await c.bare.put("/v1/placement", json={"physical_to_logical_map": [[0]]}, headers=AUTH)
             assert r.status_code == 400 and "version" in r.json()["error"]
 
-            assert (await c.put("/v1/placement", json=placement_body(5), headers=AUTH)).status_code == 200
-            r = await c.put("/v1/placement", json=placement_body(5), headers=AUTH)
+            assert (
+                await c.bare.put("/v1/placement", json=placement_body(5), headers=AUTH)
+            ).status_code == 200
+            r = await c.bare.put("/v1/placement", json=placement_body(5), headers=AUTH)
             assert r.json()["result"] == "refreshed"
             assert (
-                await c.put("/v1/placement", json=placement_body(5, trivial_map(3, 8, 12)), headers=AUTH)
+                await c.bare.put("/v1/placement", json=placement_body(5, trivial_map(3, 8, 12)), headers=AUTH)
             ).status_code == 409
-            assert (await c.put("/v1/placement", json=placement_body(4), headers=AUTH)).status_code == 409
+            assert (
+                await c.bare.put("/v1/placement", json=placement_body(4), headers=AUTH)
+            ).status_code == 409
 
-            got = (await c.get("/v1/placement")).json()
+            got = (await c.api.get("/v1/placement")).json()
             assert got["version"] == 5 and np.asarray(got["physical_to_logical_map"]).shape == (3, 12)
             # the plugin reads this file
             on_disk = exchange.load_placement(exchange.placement_path(side.opts.state_dir))
             assert on_disk.version == 5
-            metrics = (await c.get("/metrics")).text
+            metrics = await c.scrape()
             assert "moe_runtime_placement_version 5.0" in metrics
 
     asyncio.run(run())
@@ -126,7 +154,7 @@ def test_windows_from_the_plugin_spool(tmp_path: Path) -> None:
     async def run() -> None:
         async with sidecar(tmp_path) as (side, c):
             base = side.opts.state_dir
-            before = (await c.get("/metrics")).text
+            before = await c.scrape()
             # No window yet: no whole-placement gauge (a 0 would fire the imbalance alerts).
             assert metric(before, "moe_runtime_balancedness") is None
             assert metric(before, "moe_runtime_max_mean_ratio") is None
@@ -141,20 +169,20 @@ def test_windows_from_the_plugin_spool(tmp_path: Path) -> None:
                 )
 
             async def three() -> bool:
-                return bool((await c.get("/v1/status")).json()["windows"]["count"] == 3)
+                return bool((await c.api.get("/v1/status")).json()["windows"]["count"] == 3)
 
             await until(three)
-            w = (await c.get("/v1/windows", params={"after": 1})).json()["windows"]
+            w = (await c.api.get("/v1/windows", params={"after": 1})).json()["windows"]
             assert [x["seq"] for x in w] == [2, 3]
             assert w[0]["passes"] == 100 and w[0]["counts"][1][0] == 80
             assert w[0]["tokens"] == 2 * 160 / 2  # busiest layer's assignments / top_k
-            assert (await c.get("/v1/windows", params={"counts": "false"})).json()["windows"][0].get(
+            assert (await c.api.get("/v1/windows", params={"counts": "false"})).json()["windows"][0].get(
                 "counts"
             ) is None
-            assert (await c.get("/v1/windows/latest")).json()["seq"] == 3
+            assert (await c.api.get("/v1/windows/latest")).json()["seq"] == 3
             assert not list(exchange.spool_dir(base).iterdir())
 
-            metrics = (await c.get("/metrics")).text
+            metrics = await c.scrape()
             assert "moe_runtime_windows_total 3.0" in metrics
             assert "moe_runtime_forward_passes_total 300.0" in metrics
             # uniform layer on the trivial map: experts 0-3 have two copies -> GPU loads 30, 50, 50, 30
@@ -194,10 +222,10 @@ def test_windows_from_the_plugin_spool(tmp_path: Path) -> None:
             )
 
             async def applied() -> bool:
-                return "moe_runtime_placement_applied_version 9.0" in (await c.get("/metrics")).text
+                return "moe_runtime_placement_applied_version 9.0" in (await c.scrape())
 
             await until(applied)
-            metrics = (await c.get("/metrics")).text
+            metrics = await c.scrape()
             assert 'moe_runtime_plugin_errors_total{stage="planner"} 2.0' in metrics
             assert 'moe_runtime_plugin_decisions_total{source="operator"} 1.0' in metrics
             assert "moe_runtime_plugin_hook_seconds 0.002" in metrics
@@ -215,27 +243,30 @@ def test_readiness_follows_engine_health_and_drain(tmp_path: Path) -> None:
             return web.Response(status=200 if healthy["ok"] else 503)
 
         app = web.Application()
-        app.router.add_get("/health", health)
+        app.router.add_get("/ready", health)
         runner = web.AppRunner(app)
         await runner.setup()
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
         try:
-            async with sidecar(tmp_path, engine_health_url=f"http://127.0.0.1:{port}/health") as (side, c):
-                assert (await c.get("/healthz")).status_code == 200
+            async with sidecar(tmp_path, engine_check=EngineCheck(f"http://127.0.0.1:{port}/ready")) as (
+                side,
+                c,
+            ):
+                assert (await c.probes.get("/healthz")).status_code == 200
 
                 async def status(code: int) -> Any:
                     async def check() -> bool:
-                        return bool((await c.get("/readyz")).status_code == code)
+                        return bool((await c.probes.get("/readyz")).status_code == code)
 
                     return check
 
                 await until(await status(503))
                 healthy["ok"] = True
                 await until(await status(200))
-                assert "moe_runtime_engine_ready 1.0" in (await c.get("/metrics")).text
+                assert "moe_runtime_engine_ready 1.0" in (await c.scrape())
                 side.set_draining()
-                r = await c.get("/readyz")
+                r = await c.probes.get("/readyz")
                 assert r.status_code == 503 and r.json()["reason"] == "draining"
         finally:
             await runner.cleanup()
@@ -246,9 +277,179 @@ def test_readiness_follows_engine_health_and_drain(tmp_path: Path) -> None:
 def test_status_reports_identity_and_layout(tmp_path: Path) -> None:
     async def run() -> None:
         async with sidecar(tmp_path) as (_, c):
-            st = (await c.get("/v1/status")).json()
+            st = (await c.api.get("/v1/status")).json()
             assert st["instance"] == "i-0" and st["role"] == "decode"
             assert st["layout"]["num_experts"] == 8 and st["placement"]["applied"]["source"] == "trivial"
-            assert (await c.get("/v1/windows/latest")).status_code == 404
+            assert (await c.api.get("/v1/windows/latest")).status_code == 404
+
+    asyncio.run(run())
+
+
+def test_every_api_route_needs_the_token_and_probes_and_metrics_have_their_own_ports(
+    tmp_path: Path,
+) -> None:
+    async def run() -> None:
+        async with sidecar(tmp_path) as (_, c):
+            for path in ("/v1/status", "/v1/windows", "/v1/windows/latest", "/v1/placement", "/v1/nope"):
+                r = await c.bare.get(path)
+                assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", path
+                r = await c.bare.get(path, headers={"Authorization": "Bearer wrong"})
+                assert r.status_code == 401, path
+            assert (await c.api.get("/v1/status")).status_code == 200
+            # the probe listener answers probes only, the metrics listener metrics only
+            assert (await c.probes.get("/healthz")).status_code == 200
+            for path in ("/metrics", "/v1/status", "/v1/windows"):
+                assert (await c.probes.get(path)).status_code == 404, path
+                assert (await c.probes.get(path, headers=AUTH)).status_code == 404, path
+            assert (await c.metrics.get("/v1/status", headers=AUTH)).status_code == 404
+            assert (await c.probes.put("/readyz", content=b"x")).status_code == 405
+            text = await c.scrape()
+            assert metric(text, "moe_runtime_api_refused_total", reason="unauthorized") == 10
+            assert metric(text, "moe_runtime_listener_connections", listener="metrics") == 1
+            # until the pod template probes and scrapes the new ports: the old paths stay open
+            assert (await c.bare.get("/healthz")).status_code == 200
+            assert (await c.bare.get("/readyz")).status_code in (200, 503)
+            assert "moe_runtime_windows_total" in (await c.bare.get("/metrics")).text
+            # one request per connection: every answer closes it
+            assert (await c.probes.get("/healthz")).headers["Connection"] == "close"
+
+    asyncio.run(run())
+
+
+def test_a_hung_engine_makes_the_pod_unready(tmp_path: Path) -> None:
+    """A worker rank whose SGLang stops answering its placeholder /health (or never starts it)."""
+
+    async def run() -> None:
+        answering = asyncio.Event()
+
+        async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            await answering.wait()  # hung: the connection is accepted, no answer comes
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(engine, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        check = EngineCheck(f"http://127.0.0.1:{port}/health", timeout_s=0.3)
+        try:
+            async with sidecar(tmp_path, engine_check=check) as (_, c):
+
+                async def ready(code: int) -> Any:
+                    async def probe() -> bool:
+                        return bool((await c.probes.get("/readyz")).status_code == code)
+
+                    return probe
+
+                async def hung() -> bool:
+                    r = await c.probes.get("/readyz")
+                    return r.status_code == 503 and "not answering" in r.json()["reason"]
+
+                await until(hung)
+                assert "/health" in (await c.probes.get("/readyz")).json()["reason"]
+                answering.set()
+                await until(await ready(200))
+                answering.clear()  # hangs again
+                await until(await ready(503))
+        finally:
+            answering.set()
+            server.close()
+
+    asyncio.run(run())
+
+
+class FakeRecorderEngine:
+    """SGLang's recorder endpoints as 0.5.23 answers them; dumps written like rank 0 does."""
+
+    def __init__(self, directory: Path, shape: tuple[int, int, int]) -> None:
+        self.directory = directory
+        self.shape = shape
+        self.calls: list[str] = []
+        self.ready = True
+        self.fail = False
+        self.rng = np.random.default_rng(0)
+        self.dumped: list[np.ndarray] = []
+
+    def app(self) -> web.Application:
+        async def ready(request: web.Request) -> web.Response:
+            return web.Response(status=200 if self.ready else 503)
+
+        async def start(request: web.Request) -> web.Response:
+            self.calls.append(f"{request.method} start")
+            return web.Response(text="Start recording the expert distribution.\n")
+
+        async def dump(request: web.Request) -> web.Response:
+            self.calls.append(f"{request.method} dump")
+            if self.fail:
+                return web.Response(status=500, text="Internal Server Error")
+            counts = self.rng.integers(0, 50, self.shape).astype(np.int32)
+            counts[-2:] = 0  # rows of passes not recorded yet
+            counts[:, 0] = 0  # the dense layer
+            recorder.write_dump(self.directory / recorder.dump_name(), counts)
+            self.dumped.append(counts)
+            return web.Response(text="Dump expert distribution record.\n")
+
+        app = web.Application()
+        app.router.add_get("/ready", ready)
+        app.router.add_route("*", recorder.START_PATH, start)
+        app.router.add_route("*", recorder.DUMP_PATH, dump)
+        return app
+
+
+async def scraped(c: Clients, name: str, at_least: float = 1, **labels: str) -> None:
+    async def enough() -> bool:
+        return (metric(await c.scrape(), name, **labels) or 0) >= at_least
+
+    await until(enough)
+
+
+def test_static_mode_takes_windows_from_the_recorder(tmp_path: Path) -> None:
+    async def run() -> None:
+        directory = tmp_path / "state" / "recorder"
+        directory.mkdir(parents=True)
+        (directory / recorder.dump_name(1.0)).write_bytes(b"an earlier run's leftover")
+        fake = FakeRecorderEngine(directory, (6, 3, 8))
+        runner = web.AppRunner(fake.app())
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        url = f"http://127.0.0.1:{port}"
+        source = RecorderSource(url, directory, interval_s=0.05)
+        try:
+            async with sidecar(tmp_path, engine_check=EngineCheck(url + "/ready"), recorder=source) as (_, c):
+                await scraped(c, "moe_runtime_windows_total", 2)
+                assert fake.calls[0] == "POST start"  # recording turned on first, then dumps
+                assert set(fake.calls[1:]) == {"POST dump"}
+                got = (await c.api.get("/v1/windows")).json()["windows"]
+                assert got[0]["counts"] == fake.dumped[0].sum(axis=0).tolist()
+                assert got[0]["passes"] == 4  # rows that routed tokens
+                assert got[0]["ended_at"] - got[0]["started_at"] < 5
+                assert (await c.api.get("/v1/status")).json()["load_source"] == "recorder"
+                assert len(list(directory.iterdir())) <= 1  # read files are removed (the leftover too)
+
+                fake.fail = True  # SGLang answers 500: counted, then recording restarts
+                await scraped(c, "moe_runtime_recorder_dumps_total", result="failed")
+                fake.fail = False
+                ok = metric(await c.scrape(), "moe_runtime_recorder_dumps_total", result="ok") or 0
+                await scraped(c, "moe_runtime_recorder_dumps_total", ok + 2, result="ok")
+                assert fake.calls.count("POST start") >= 2
+
+                fake.shape = (6, 3, 9)  # a dump that does not fit the engine's layout is refused
+                windows = metric(await c.scrape(), "moe_runtime_windows_total")
+                await scraped(c, "moe_runtime_sidecar_errors_total", 2, stage="recorder")
+                assert metric(await c.scrape(), "moe_runtime_windows_total") == windows
+                fake.shape = (6, 3, 8)
+
+                fake.ready = False  # an engine that is not ready is left alone
+
+                async def unready() -> bool:
+                    return (await c.probes.get("/readyz")).status_code == 503
+
+                await until(unready)
+                calls = len(fake.calls)
+                await asyncio.sleep(0.3)
+                assert len(fake.calls) == calls
+        finally:
+            await runner.cleanup()
 
     asyncio.run(run())

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from moe_contract.engine import EngineConfig
-from moe_runtime import eplb_hook, exchange
+from moe_runtime import eplb_hook, exchange, recorder
 from moe_runtime.config import PodEnv
 
 ENGINE_MODULE = "sglang.launch_server"
@@ -84,8 +84,16 @@ def _eplb_args(cfg: EngineConfig) -> list[str]:
             out += ["--eplb-rebalance-layers-per-chunk", str(e.rebalance_layers_per_chunk)]
         if e.algorithm:
             out += ["--eplb-algorithm", e.algorithm]
-    elif e.num_redundant_experts:
-        out += ["--ep-num-redundant-experts", str(e.num_redundant_experts)]
+    else:
+        if e.mode == "static" and cfg.parallel.ep_size > 1:
+            # No rebalance without --enable-eplb, so no window reaches the plugin: the leader's
+            # sidecar dumps SGLang's recorder instead (moe_runtime.recorder). Its circular
+            # buffer holds --eplb-rebalance-num-iterations passes (SGLang sizes it from that
+            # flag; it does nothing else without --enable-eplb).
+            out += ["--expert-distribution-recorder-mode", "stat"]
+            out += ["--eplb-rebalance-num-iterations", str(e.rebalance_iterations)]
+        if e.num_redundant_experts:
+            out += ["--ep-num-redundant-experts", str(e.num_redundant_experts)]
     if e.dispatch_algorithm:
         out += ["--ep-dispatch-algorithm", e.dispatch_algorithm]
     return out
@@ -103,7 +111,7 @@ def engine_env(
             eplb_hook.ENV_MAX_AGE: str(cfg.eplb.placement_max_age_seconds),
             eplb_hook.ENV_DISPATCH: cfg.dispatch,
             eplb_hook.ENV_INSTANCE: pod.instance,
-            "SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR": str(state_dir / "recorder"),
+            recorder.DIR_ENV: str(recorder.recorder_dir(state_dir)),
         }
     )
     if cfg.eplb.placement_file:

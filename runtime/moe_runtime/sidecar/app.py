@@ -1,20 +1,26 @@
-"""HTTP API of the sidecar (aiohttp). Reads are open (Prometheus, the operator's collector);
-writes need ``Authorization: Bearer <token>``.
+"""HTTP apps of the sidecar (aiohttp), one per listener (moe_contract.pod: "the runtime's three
+listeners"):
 
-GET  /healthz                 the sidecar's loop runs
-GET  /readyz                  the engine is healthy and not draining (503 otherwise)
-GET  /metrics                 Prometheus text
-GET  /v1/status               identity, layout, placement, plugin counters
-GET  /v1/windows?after=&limit=&counts=   recent load windows, oldest first
-GET  /v1/windows/latest       the newest window
-GET  /v1/placement            the held operator placement and the applied map's origin
-PUT  /v1/placement            push {version, physical_to_logical_map, generated_at?} (POST too)
+API (port ``runtime``, every route needs ``Authorization: Bearer <token>``)
+  GET  /v1/status               identity, layout, placement, plugin counters, load source
+  GET  /v1/windows?after=&limit=&counts=   recent load windows, oldest first
+  GET  /v1/windows/latest       the newest window
+  GET  /v1/placement            the held operator placement and the applied map's origin
+  PUT  /v1/placement            push {version, physicalToLogicalMap, generatedAt?} (POST too)
+Probes (port ``probes``, no token): GET /healthz (the event loop runs), GET /readyz (the engine
+  rank of this pod answers its health check and the pod is not draining)
+Metrics (port ``metrics``, no token): GET /metrics
+
+Until the operator's pod template probes and scrapes the new ports, the API listener also
+answers /healthz, /readyz and /metrics without a token (``legacy_open``), and the replay
+engine can leave GET routes open (``open_reads``) for tests that read without a token.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +28,19 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from moe_runtime import __version__
+from moe_runtime.sidecar import bodies
 from moe_runtime.sidecar.auth import TokenFile
+from moe_runtime.sidecar.listener import Limits, one_request_per_connection
 from moe_runtime.sidecar.metrics import RuntimeMetrics
 from moe_runtime.sidecar.state import PushRejected, SidecarState
 
-MAX_BODY = 16 * 1024 * 1024  # a 61 x 288 map is ~70 kB of JSON; leave room for larger models
+MAX_BODY = Limits().max_body
+# The placement document's fields (moe_placement.document); anything else is refused.
+PLACEMENT_FIELDS = frozenset(
+    {"version", "generatedAt", "generated_at", "physicalToLogicalMap", "physical_to_logical_map", "source"}
+)
+LEGACY_OPEN = frozenset({"/healthz", "/readyz", "/metrics"})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True)
@@ -36,10 +50,19 @@ class Identity:
     data: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class ApiPolicy:
+    legacy_open: bool = True  # /healthz, /readyz, /metrics also on the API port without a token
+    open_reads: bool = False  # GET routes without a token (replay engine, until tests send it)
+    max_body: int = MAX_BODY
+
+
 STATE_KEY = web.AppKey("state", SidecarState)
 METRICS_KEY = web.AppKey("metrics", RuntimeMetrics)
 TOKEN_KEY = web.AppKey("token", TokenFile)
 IDENTITY_KEY = web.AppKey("identity", Identity)
+POLICY_KEY = web.AppKey("policy", ApiPolicy)
+EXTRA_STATUS_KEY = web.AppKey("extra_status", dict[str, Any])
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -48,6 +71,52 @@ def _json(doc: Any, status: int = 200) -> web.Response:
 
 def _error(status: int, message: str) -> web.Response:
     return _json({"error": message}, status)
+
+
+def check_token(request: web.Request) -> web.Response | None:
+    """None when the request carries the current token, else the 401/503 answer to give."""
+    allowed, why = request.app[TOKEN_KEY].check(request.headers.get("Authorization"))
+    if allowed:
+        return None
+    resp = _error(503 if why.startswith("writes are disabled") else 401, why)
+    resp.headers["WWW-Authenticate"] = "Bearer"
+    return resp
+
+
+@web.middleware
+async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every API route needs the token, but the legacy probe/metrics paths and (optionally) reads."""
+    policy = request.app[POLICY_KEY]
+    if policy.legacy_open and request.path in LEGACY_OPEN:
+        return await handler(request)
+    if policy.open_reads and request.method in ("GET", "HEAD"):
+        return await handler(request)
+    refused = check_token(request)
+    if refused is not None:
+        m = request.app[METRICS_KEY]
+        m.refused.labels("unauthorized").inc()
+        if request.path == "/v1/placement" and request.method in ("PUT", "POST"):
+            m.pushes.labels("unauthorized").inc()
+        return refused
+    return await handler(request)
+
+
+async def read_json(
+    request: web.Request, fields: frozenset[str], what: str, *, empty: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The body as a JSON object of known fields (``empty`` for no body, when given); raises
+    bodies.BadBody (counted)."""
+    try:
+        raw = await bodies.read(request, request.app[POLICY_KEY].max_body)
+        if empty is not None and not raw.strip():
+            return dict(empty)
+        return bodies.only_fields(bodies.loads(raw), fields, what)
+    except bodies.BadBody as exc:
+        request.app[METRICS_KEY].refused.labels("too_large" if exc.status == 413 else "bad_body").inc()
+        raise
+
+
+# ---------------------------------------------------------------- probes and metrics
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -66,11 +135,15 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+# ---------------------------------------------------------------- API
+
+
 async def status(request: web.Request) -> web.Response:
     s = request.app[STATE_KEY]
     lay = s.layout
     latest = s.windows[-1] if s.windows else None
     identity = request.app[IDENTITY_KEY]
+    extra = request.app[EXTRA_STATUS_KEY]
     return _json(
         {
             **identity.data,
@@ -87,6 +160,7 @@ async def status(request: web.Request) -> web.Response:
             "windows": {"count": len(s.windows), "latest_seq": latest.seq if latest else None},
             "placement": _placement_summary(s),
             "plugin": s.plugin_status,
+            **extra,
         }
     )
 
@@ -106,13 +180,23 @@ def _placement_summary(s: SidecarState) -> dict[str, Any]:
     }
 
 
+def _cursor(raw: str, name: str, low: int, high: int) -> int:
+    if len(raw) > 20:
+        raise ValueError(name)
+    value = int(raw)
+    if not low <= value <= high:
+        raise ValueError(name)
+    return value
+
+
 async def windows(request: web.Request) -> web.Response:
     s = request.app[STATE_KEY]
     try:
-        after = int(request.query.get("after", "0"))
-        limit = max(1, min(int(request.query.get("limit", str(s.ring_size))), s.ring_size))
+        after = _cursor(request.query.get("after", "0"), "after", 0, 2**62)
+        limit = _cursor(request.query.get("limit", str(s.ring_size)), "limit", 1, 2**62)
     except ValueError:
-        return _error(400, "after and limit must be integers")
+        return _error(400, f"after must be an integer >= 0 and limit one in [1, {s.ring_size}]")
+    limit = min(limit, s.ring_size)
     with_counts = request.query.get("counts", "true").lower() not in ("0", "false", "no")
     items = s.windows_after(after, limit)
     top_k = s.layout.top_k
@@ -142,18 +226,11 @@ async def get_placement(request: web.Request) -> web.Response:
 
 async def put_placement(request: web.Request) -> web.Response:
     m = request.app[METRICS_KEY]
-    allowed, why = request.app[TOKEN_KEY].check(request.headers.get("Authorization"))
-    if not allowed:
-        m.pushes.labels("unauthorized").inc()
-        status = 503 if why.startswith("writes are disabled") else 401
-        resp = _error(status, why)
-        resp.headers["WWW-Authenticate"] = "Bearer"
-        return resp
     try:
-        body = await request.json()
-    except (ValueError, UnicodeDecodeError):
+        body = await read_json(request, PLACEMENT_FIELDS, "placement")
+    except bodies.BadBody as exc:
         m.pushes.labels("rejected").inc()
-        return _error(400, "body must be JSON")
+        return _error(exc.status, str(exc))
     try:
         outcome, doc = request.app[STATE_KEY].push(body)
     except PushRejected as exc:
@@ -163,21 +240,51 @@ async def put_placement(request: web.Request) -> web.Response:
     return _json({"result": outcome, "version": doc.version, "generated_at": doc.generated_at})
 
 
-def build_app(
-    state: SidecarState, metrics_: RuntimeMetrics, token: TokenFile, identity: dict[str, Any]
+# ---------------------------------------------------------------- the three apps
+
+
+def _app(*middlewares: Any) -> web.Application:
+    # client_max_size backs up bodies.read's own cap (aiohttp's request.read/json)
+    return web.Application(client_max_size=MAX_BODY, middlewares=[one_request_per_connection, *middlewares])
+
+
+def api_app(
+    state: SidecarState,
+    metrics_: RuntimeMetrics,
+    token: TokenFile,
+    identity: dict[str, Any],
+    policy: ApiPolicy | None = None,
 ) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY)
+    app = _app(require_token)
     app[STATE_KEY] = state
     app[METRICS_KEY] = metrics_
     app[TOKEN_KEY] = token
     app[IDENTITY_KEY] = Identity(identity)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    app[POLICY_KEY] = policy or ApiPolicy()
+    app[EXTRA_STATUS_KEY] = {}
+    if app[POLICY_KEY].legacy_open:
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
+        app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/windows", windows)
     app.router.add_get("/v1/windows/latest", latest_window)
     app.router.add_get("/v1/placement", get_placement)
     app.router.add_put("/v1/placement", put_placement)
     app.router.add_post("/v1/placement", put_placement)
+    return app
+
+
+def probe_app(state: SidecarState) -> web.Application:
+    app = _app()
+    app[STATE_KEY] = state
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def metrics_app(metrics_: RuntimeMetrics) -> web.Application:
+    app = _app()
+    app[METRICS_KEY] = metrics_
+    app.router.add_get("/metrics", metrics)
     return app

@@ -8,7 +8,7 @@ plugin-status.json and a collector that re-exposes them as counters.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -19,6 +19,8 @@ from moe_runtime.sidecar.state import Evaluation, SidecarState, Window
 
 P = "moe_runtime_"
 SOURCES = ("operator", "planner", "original", "init", "trivial")
+REFUSALS = ("unauthorized", "too_large", "bad_body")
+LISTENERS = ("api", "probes", "metrics")
 
 
 class RuntimeMetrics:
@@ -26,8 +28,9 @@ class RuntimeMetrics:
         self.state = state
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # not `instance`: Prometheus would rename it exported_instance (its target label wins)
         self.info = Gauge(
-            P + "info", "Runtime identity (value 1).", ["instance", "role", "version"], registry=r
+            P + "info", "Runtime identity (value 1).", ["engine_instance", "role", "version"], registry=r
         )
         self.engine_ready = Gauge(
             P + "engine_ready", "1 when the engine answers its health check.", registry=r
@@ -61,9 +64,26 @@ class RuntimeMetrics:
         self.last_evaluation: Evaluation | None = None
         self.pushes = Counter(P + "placement_pushes", "Placement pushes by result.", ["result"], registry=r)
         self.errors = Counter(P + "sidecar_errors", "Sidecar errors by stage.", ["stage"], registry=r)
+        self.refused = Counter(
+            P + "api_refused",
+            "API requests refused before reaching any state, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.recorder_dumps = Counter(
+            P + "recorder_dumps",
+            "Static mode: dumps of SGLang's expert-distribution recorder, by result.",
+            ["result"],
+            registry=r,
+        )
         for result in ("accepted", "refreshed", "rejected", "unauthorized"):
             self.pushes.labels(result)
+        for reason in REFUSALS:
+            self.refused.labels(reason)
+        # listener name -> (open connections, evicted, refused); set by the running sidecar
+        self.listener_stats: Callable[[], dict[str, dict[str, int]]] = lambda: {n: {} for n in LISTENERS}
         r.register(_DynamicCollector(state))
+        r.register(_ListenerCollector(self))
         r.register(_EvaluationCollector(self))
 
     def observe_window(self, window: Window, evaluation: Evaluation | None) -> None:
@@ -190,3 +210,33 @@ class _EvaluationCollector(Collector):
         )
         for name, doc, value in values:
             yield GaugeMetricFamily(name, doc, value=value)
+
+
+class _ListenerCollector(Collector):
+    """Per listener (api, probes, metrics): open connections, evicted slow ones, refused at the cap."""
+
+    def __init__(self, metrics: RuntimeMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        stats = self.metrics.listener_stats()
+        now = GaugeMetricFamily(
+            P + "listener_connections", "Open connections per listener.", labels=["listener"]
+        )
+        evicted = CounterMetricFamily(
+            P + "listener_evicted",
+            "Connections closed at the listener's cap because their headers were still incomplete.",
+            labels=["listener"],
+        )
+        refused = CounterMetricFamily(
+            P + "listener_refused",
+            "Connections refused with 503 at the listener's cap (every slot serving a request).",
+            labels=["listener"],
+        )
+        for name, st in sorted(stats.items()):
+            now.add_metric([name], float(st.get("open", 0)))
+            evicted.add_metric([name], float(st.get("evicted", 0)))
+            refused.add_metric([name], float(st.get("refused", 0)))
+        yield now
+        yield evicted
+        yield refused
