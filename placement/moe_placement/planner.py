@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -85,14 +85,14 @@ def plan(
     pool = None if prior is None else check_prior(prior, history.shape)
     weight = error_weight(history if pool is None else pool, layout)
     fc = forecast(history, horizon=horizon, steps=samples, weight=weight, prior=pool)
-    phy2log, hedged = choose_fresh(fc, history[-1], layout, dispatch)
+    phy2log, _ = choose_fresh(fc, history[-1], layout, dispatch)
     if cur is None:
         changed = np.ones(layout.num_layers, dtype=bool)
         moved = 0
     else:
-        # layers that do not hedge are moved on the forecast mean alone, like their fresh plan
-        judged = replace(fc, scenarios=np.where(hedged[None, :, None], fc.scenarios, fc.mean[None]))
-        phy2log, changed = respect_current(phy2log, cur, judged, layout, dispatch, max_moves, min_layer_gain)
+        # every layer is moved on all scenarios, also one whose fresh plan does not hedge: a repair
+        # judged on the mean alone piles GPUs up just under the peak, which per-step spread punishes
+        phy2log, changed = respect_current(phy2log, cur, fc, layout, dispatch, max_moves, min_layer_gain)
         slots = layout.slots_per_gpu  # an expert that stays on its GPU keeps its slot
         phy2log = align_slots(phy2log.reshape(-1, slots), cur.reshape(-1, slots)).reshape(cur.shape)
         moved = gpu_moves(cur, phy2log, layout.num_gpus)
@@ -117,7 +117,7 @@ def choose_fresh(fc: Forecast, last: FloatArray, layout: Layout, dispatch: str) 
     ``HEDGE_Z`` standard errors of the paired per-scenario difference, so per-step noise it
     could only memorise does not pass; then the winner must not be worse than DeepSeek's map
     on the same held-out scenarios, or the layer takes DeepSeek's map. Also returns the layers
-    that hedge (the others are judged on the forecast mean alone from here on).
+    that hedge.
     """
     base = baseline_plan(last, **_shape(layout))
     scen = fc.scenarios

@@ -25,7 +25,10 @@ from .trace import TraceConfig, domain_popularity, generate_trace, traffic_mix
 SYNTHETIC_REGIMES = ("stationary", "slow", "fast", "phases", "shift", "bursty")
 REAL_MODES = ("decode", "prefill")
 DEV_SEEDS = (1, 2, 3)
-HOLDOUT_SEEDS = (101, 102, 103)
+# the first holdout seeds: their tables were printed once (commit 3c5dc21), and the move-capped
+# repair changed after that, so the final tables use seeds nobody had looked at
+FIRST_HOLDOUT_SEEDS = (101, 102, 103)
+HOLDOUT_SEEDS = (201, 202, 203)
 DEV_REGIMES = ("stationary", "slow", "fast", "phases")  # shift and bursty: holdout only
 DEV_SCHEDULES = ("uniform", "single", "phases", "walk")  # diurnal, shift, burst: holdout only
 HOLDOUT_REGIMES = SYNTHETIC_REGIMES

@@ -58,7 +58,11 @@ def register(subparsers: Any) -> None:
         default="synthetic,real,packing,cluster,timing",
         help="comma list of synthetic, real, packing, cluster, timing",
     )
-    b.add_argument("--seeds", default="holdout", help="holdout (101,102,103), dev (1,2,3) or a comma list")
+    b.add_argument(
+        "--seeds",
+        default="holdout",
+        help="holdout (201,202,203), first-holdout (101,102,103), dev (1,2,3) or a comma list",
+    )
     b.add_argument("--setups", default="EP8,EP32,EP32flat,EP72,EP144", help="synthetic deployments")
     b.add_argument(
         "--regimes",
@@ -159,6 +163,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from moe_placement import report
     from moe_placement.regimes import (
         DEV_SEEDS,
+        FIRST_HOLDOUT_SEEDS,
         HOLDOUT_SEEDS,
         REAL,
         REAL_SETUPS,
@@ -169,7 +174,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
     try:
         suites = _names(args.suite, "suite", ("synthetic", "real", "packing", "cluster", "timing"))
-        seeds = _ints(args.seeds, "seeds", {"dev": DEV_SEEDS, "holdout": HOLDOUT_SEEDS})
+        seeds = _ints(
+            args.seeds,
+            "seeds",
+            {"dev": DEV_SEEDS, "holdout": HOLDOUT_SEEDS, "first-holdout": FIRST_HOLDOUT_SEEDS},
+        )
         setups = _names(args.setups, "setups", SETUPS)
         regimes = _names(args.regimes, "regimes", SYNTHETIC_REGIMES)
         real_setups = _names(args.real_setups, "real-setups", REAL_SETUPS)
