@@ -7,12 +7,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import tomllib
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +20,7 @@ import yaml
 from moe_sandbox.cluster import Sandbox
 from moe_sandbox.testing import wait_for
 from moe_sandbox.toolchain import binary_path
+from sa_operator import WEBHOOK_CONFIG, ServiceAccountOperator, shared_operator_paused  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "moe-operator"
@@ -37,7 +35,6 @@ MONITORING_ON = [
     "monitoring.grafanaDashboard.enabled=true",
 ]
 MOED = "/apis/moe.inference.dev/v1alpha1"
-WEBHOOK_CONFIG = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/moe.inference.dev"
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -88,8 +85,11 @@ def test_golden_render(golden: str, sets: list[str]) -> None:
 
 
 def test_defaults_render_no_monitoring_objects() -> None:
-    kinds = sorted(d["kind"] for d in objects(template()))
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    docs = objects(template())
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-dashboard")]
+    assert {"ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"} <= kinds
 
 
 @pytest.mark.parametrize(
@@ -136,6 +136,16 @@ def test_deployment_runs_the_operator_safely() -> None:
     assert args["metrics-port"] == "9100"
     assert args["runtime-image"] == "ghcr.io/moe-inference/moe-runtime:0.1.0"
     assert args["liveness"] == "http://0.0.0.0:8080/healthz"
+    # Leader election through the chart's peering object; one replica need not find it.
+    assert args["peering"] == f"{RELEASE}-moe-operator"
+    assert "--peering-required" not in c["args"]
+    assert "affinity" not in spec["template"]["spec"]
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    # The generated webhook certificate is shared through a Secret in the pod's own namespace.
+    assert args["webhook-cert-secret"] == f"{RELEASE}-moe-operator-webhook-certs"
+    assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in c[
+        "env"
+    ]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     for probe in ("livenessProbe", "readinessProbe"):
         get = c[probe]["httpGet"]
@@ -158,26 +168,104 @@ def test_webhook_disabled_and_cert_secret() -> None:
     (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert "--no-webhook" in c["args"]
     assert not any(a.startswith("--webhook") for a in c["args"])
-    rules = one(docs, "ClusterRole")["rules"]
+    rules = [r for d in docs if d["kind"] == "ClusterRole" for r in d["rules"]]
     assert not any("admissionregistration.k8s.io" in r["apiGroups"] for r in rules)
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")], "no certificate Secret to keep"
 
     docs = objects(template("webhook.certSecret=moe-webhook-tls"))
     pod = one(docs, "Deployment")["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert "--webhook-cert=/etc/moe-operator/webhook-tls/tls.crt" in c["args"]
     assert "--webhook-ca=/etc/moe-operator/webhook-tls/ca.crt" in c["args"]
+    assert not any(a.startswith("--webhook-cert-secret") for a in c["args"])
     assert {"name": "webhook-tls", "secret": {"secretName": "moe-webhook-tls"}} in pod["volumes"]
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")], "the mounted Secret is not written"
+
+
+@pytest.mark.parametrize("sets", [[], ["operator.watchNamespaces={team-a,team-b}"]])
+def test_two_replicas_elect_one_through_the_chart_peering(sets: list[str]) -> None:
+    docs = objects(template("replicaCount=2", *sets))
+    dep = one(docs, "Deployment")
+    spec = dep["spec"]
+    assert spec["replicas"] == 2
+    # A rollout starts the new pod before it stops an old one: one replica is always there.
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    (c,) = spec["template"]["spec"]["containers"]
+    name = f"{RELEASE}-moe-operator"
+    assert f"--peering={name}" in c["args"] and "--peering-required" in c["args"]
+    peerings = [d for d in docs if d["apiVersion"] == "kopf.dev/v1"]
+    if sets:  # one KopfPeering per watched namespace, as kopf uses with --namespace
+        assert sorted((d["kind"], d["metadata"]["namespace"]) for d in peerings) == [
+            ("KopfPeering", "team-a"),
+            ("KopfPeering", "team-b"),
+        ]
+    else:
+        assert [(d["kind"], d["metadata"].get("namespace")) for d in peerings] == [
+            ("ClusterKopfPeering", None)
+        ]
+    assert {d["metadata"]["name"] for d in peerings} == {name}
+    selector = spec["selector"]["matchLabels"]
+    (term,) = spec["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert term["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": selector},
+    }
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    # The peering CRDs ship with the chart (installed before the peering objects).
+    crds = {
+        d["metadata"]["name"]
+        for d in yaml.safe_load_all((CHART / "crds" / "kopf.dev-peerings.yaml").read_text())
+    }
+    assert crds == {"clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+
+
+@pytest.mark.parametrize("count", ["0", "3"])
+def test_schema_allows_one_or_two_replicas(count: str) -> None:
+    proc = helm("template", RELEASE, str(CHART), "--set", f"replicaCount={count}", check=False)
+    assert proc.returncode != 0 and "/replicaCount" in proc.stderr, proc.stderr
 
 
 # ---- RBAC ---------------------------------------------------------------------------------------
 
-EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
-    ("moe.inference.dev", "moedeployments"): {"get", "list", "watch", "patch", "update"},
-    ("moe.inference.dev", "moedeployments/status"): {"get", "patch", "update"},
-    ("", "nodes"): {"get", "list", "watch"},
-    ("", "pods"): {"get", "list", "watch", "delete", "deletecollection"},
+# (apiGroup, resource, resourceName or "") -> verbs. Cluster-scoped objects, always a ClusterRole:
+EXPECTED_CLUSTER_RULES: dict[tuple[str, str, str], set[str]] = {
+    ("", "nodes", ""): {"get", "list", "watch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions", ""): {"get", "list", "watch"},
+    # kopf creates the webhook configurations if absent (create cannot be limited by name) and then
+    # patches only its own.
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations", ""): {"create"},
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", ""): {"create"},
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations", "moe.inference.dev"): {"patch"},
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "moe.inference.dev"): {"patch"},
+}
+# Leader election through kopf peering: cluster-wide, or in each watched namespace.
+CLUSTER_PEERING: dict[tuple[str, str, str], set[str]] = {
+    ("kopf.dev", "clusterkopfpeerings", ""): {"list", "watch"},
+    ("kopf.dev", "clusterkopfpeerings", f"{RELEASE}-moe-operator"): {"get", "patch"},
+}
+NAMESPACED_PEERING: dict[tuple[str, str, str], set[str]] = {
+    ("kopf.dev", "kopfpeerings", ""): {"list", "watch"},
+    ("kopf.dev", "kopfpeerings", f"{RELEASE}-moe-operator"): {"get", "patch"},
+}
+# In the release namespace: the Secret holding the generated webhook certificate every replica
+# serves (create cannot be limited by name in Kubernetes RBAC).
+WEBHOOK_CERT_RULES: dict[tuple[str, str, str], set[str]] = {
+    ("", "secrets", f"{RELEASE}-moe-operator-webhook-certs"): {"get", "update"},
+    ("", "secrets", ""): {"create"},
+}
+# Inside each watched namespace (a ClusterRole without operator.watchNamespaces, else a Role in each).
+EXPECTED_NAMESPACED_RULES: dict[tuple[str, str, str], set[str]] = {
+    ("moe.inference.dev", "moedeployments", ""): {"get", "list", "watch", "patch"},
+    ("moe.inference.dev", "moedeployments/status", ""): {"patch"},
+    ("", "pods", ""): {"get", "list", "watch", "delete", "deletecollection"},
     **{
-        (g, r): {"get", "list", "watch", "create", "patch", "delete"}
+        (g, r, ""): {"get", "list", "watch", "create", "patch", "delete"}
         for g, r in [
             ("", "services"),
             ("", "configmaps"),
@@ -186,77 +274,166 @@ EXPECTED_RULES: dict[tuple[str, str], set[str]] = {
             ("apps", "deployments"),
             ("leaderworkerset.x-k8s.io", "leaderworkersets"),
             ("policy", "poddisruptionbudgets"),
-            ("rbac.authorization.k8s.io", "roles"),
-            ("rbac.authorization.k8s.io", "rolebindings"),
+            ("monitoring.coreos.com", "podmonitors"),
+            ("monitoring.coreos.com", "prometheusrules"),
         ]
     },
-    ("", "secrets"): {"get", "create"},  # the runtime token only: never listed or watched
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
-    ("admissionregistration.k8s.io", "validatingwebhookconfigurations"): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "patch",
-    },
-    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations"): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "patch",
-    },
+    ("", "secrets", ""): {"get", "create"},  # the runtime token only: never listed or watched
+    ("", "events", ""): {"create"},
+    # read only, while the reconciler still indexes engine Roles of older versions
+    ("rbac.authorization.k8s.io", "roles", ""): {"get", "list", "watch"},
+    ("rbac.authorization.k8s.io", "rolebindings", ""): {"get", "list", "watch"},
 }
+CLUSTER_SCOPED = {
+    "nodes",
+    "customresourcedefinitions",
+    "validatingwebhookconfigurations",
+    "mutatingwebhookconfigurations",
+}
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection", "escalate", "bind", "impersonate"}
 
 
-def granted(rules: list[dict[str, Any]]) -> dict[tuple[str, str], set[str]]:
-    out: dict[tuple[str, str], set[str]] = {}
+def granted(rules: list[dict[str, Any]]) -> dict[tuple[str, str, str], set[str]]:
+    out: dict[tuple[str, str, str], set[str]] = {}
     for rule in rules:
-        assert "nonResourceURLs" not in rule and "resourceNames" not in rule, rule
+        assert "nonResourceURLs" not in rule, rule
+        for field in ("apiGroups", "resources", "verbs", "resourceNames"):
+            assert not any("*" in v for v in rule.get(field, [])), f"wildcard in {field}: {rule}"
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                out.setdefault((group, resource), set()).update(rule["verbs"])
+                for name in rule.get("resourceNames") or [""]:
+                    out.setdefault((group, resource, name), set()).update(rule["verbs"])
     return out
 
 
-def test_rbac_is_least_privilege_without_wildcards() -> None:
-    docs = objects(template())
-    role = one(docs, "ClusterRole")
-    for rule in role["rules"]:
-        for field in ("apiGroups", "resources", "verbs"):
-            assert not any("*" in v for v in rule[field]), f"wildcard in {field}: {rule}"
-    assert granted(role["rules"]) == EXPECTED_RULES
-    binding = one(docs, "ClusterRoleBinding")
+def bound_to_the_service_account(
+    docs: list[dict[str, Any]], binding: dict[str, Any], role: dict[str, Any]
+) -> None:
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
+        "kind": role["kind"],
         "name": role["metadata"]["name"],
     }
     sa = one(docs, "ServiceAccount")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
     ]
-    assert not any(d["kind"] in ("Role", "RoleBinding") for d in docs)
+
+
+def test_rbac_is_least_privilege_without_wildcards() -> None:
+    docs = objects(template())
+    cluster = one(docs, "ClusterRole", f"{RELEASE}-moe-operator")
+    namespaced = one(docs, "ClusterRole", f"{RELEASE}-moe-operator-namespaced")
+    assert granted(cluster["rules"]) == EXPECTED_CLUSTER_RULES | CLUSTER_PEERING
+    assert granted(namespaced["rules"]) == EXPECTED_NAMESPACED_RULES
+    for role in (cluster, namespaced):
+        bound_to_the_service_account(docs, one(docs, "ClusterRoleBinding", role["metadata"]["name"]), role)
+    certs = one(docs, "Role")
+    assert certs["metadata"] == {
+        **certs["metadata"],
+        "name": f"{RELEASE}-moe-operator-webhook-certs",
+        "namespace": NAMESPACE,
+    }
+    assert granted(certs["rules"]) == WEBHOOK_CERT_RULES
+    bound_to_the_service_account(docs, one(docs, "RoleBinding"), certs)
+
+
+def test_watch_namespaces_get_roles_and_only_cluster_scoped_rights_cluster_wide() -> None:
+    docs = objects(template("operator.watchNamespaces={team-a,team-b}"))
+    (cluster,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    assert granted(cluster["rules"]) == EXPECTED_CLUSTER_RULES
+    assert {r for _g, r, _n in granted(cluster["rules"])} <= CLUSTER_SCOPED
+    bound_to_the_service_account(docs, one(docs, "ClusterRoleBinding"), cluster)
+    roles = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == f"{RELEASE}-moe-operator"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    certs = one(docs, "Role", f"{RELEASE}-moe-operator-webhook-certs")
+    assert certs["metadata"]["namespace"] == NAMESPACE and granted(certs["rules"]) == WEBHOOK_CERT_RULES
+    for role in roles:
+        assert granted(role["rules"]) == EXPECTED_NAMESPACED_RULES | NAMESPACED_PEERING
+        binding = one(
+            [d for d in docs if d["metadata"].get("namespace") == role["metadata"]["namespace"]],
+            "RoleBinding",
+            role["metadata"]["name"],
+        )
+        bound_to_the_service_account(docs, binding, role)
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [a for a in c["args"] if a.startswith("--namespace")] == [
+        "--namespace=team-a",
+        "--namespace=team-b",
+    ]
+
+
+def test_rbac_writes_no_rbac_and_reads_secrets_only_by_get() -> None:
+    for sets in ([], ["operator.watchNamespaces={team-a}"]):
+        rules: dict[tuple[str, str, str], set[str]] = {}
+        for d in objects(template(*sets)):
+            if d["kind"] in ("ClusterRole", "Role"):
+                for key, verbs in granted(d["rules"]).items():
+                    rules.setdefault(key, set()).update(verbs)
+        rbac = {k: v for k, v in rules.items() if k[0] == "rbac.authorization.k8s.io"}
+        assert all(not v & WRITE_VERBS for v in rbac.values()), rbac
+        # Secrets are never listed or watched; update only on the webhook certificate Secret by name.
+        secrets = {k: v for k, v in rules.items() if k[1] == "secrets"}
+        assert secrets == {
+            ("", "secrets", ""): {"get", "create"},
+            ("", "secrets", f"{RELEASE}-moe-operator-webhook-certs"): {"get", "update"},
+        }, secrets
+
+
+def test_schema_refuses_duplicate_watch_namespaces() -> None:
+    proc = helm("template", RELEASE, str(CHART), "--set", "operator.watchNamespaces={a,a}", check=False)
+    assert proc.returncode != 0 and "watchNamespaces" in proc.stderr, proc.stderr
 
 
 def test_rbac_covers_every_kind_the_operator_writes() -> None:
-    from moe_operator.handlers.kube import _KINDS
+    """Every child kind the renderer produces (every example, both group backends, monitoring on) is
+    granted what server-side apply, pruning and the child indexes need; plus the token Secret, the
+    pods a group restart deletes and the MoEDeployment's own status."""
+    import uuid as _uuid
 
-    rules = granted(one(objects(template()), "ClusterRole")["rules"])
-    for (api_version, _kind), (_prefix, plural) in _KINDS.items():
-        group = api_version.rpartition("/")[0]
-        needed = {
-            "moedeployments": {"get", "patch"},
-            "pods": {
-                "get",
-                "delete",
-                "deletecollection",
-            },  # groups deleted at once; lost-node pods one by one
-            "secrets": {"get", "create"},  # the runtime token: created once, never patched or deleted
-        }.get(plural, {"get", "create", "patch", "delete"})
-        assert needed <= rules.get((group, plural), set()), f"{group}/{plural}: needs {needed}"
+    from moe_operator.api import MoEDeploymentSpec
+    from moe_operator.render.children import render_children
+    from moe_operator.render.group import Owner, RuntimeSettings
+    from moe_operator.topology.planner import InstanceSite, TopologyPlan
+
+    rules = granted(one(objects(template()), "ClusterRole", f"{RELEASE}-moe-operator-namespaced")["rules"])
+    kinds: set[tuple[str, str]] = set()
+    for example in sorted((ROOT / "examples").glob("*.yaml")):
+        spec = MoEDeploymentSpec.model_validate(yaml.safe_load(example.read_text())["spec"])
+        plan = TopologyPlan(
+            sites=(InstanceSite("decode", 0, "node", "kubernetes.io/hostname", "n", ("n",)),), waiting=()
+        )
+        owner = Owner("x", "ns", str(_uuid.uuid4()))
+        for backend in ("StatefulSet", "LeaderWorkerSet"):
+            for obj in render_children(
+                spec, owner, plan, RuntimeSettings(), None, backend, ("PodMonitor", "PrometheusRule")
+            ):  # type: ignore[arg-type]
+                kinds.add((obj["apiVersion"].rpartition("/")[0], obj["kind"]))
+    assert {k for _g, k in kinds} >= {
+        "StatefulSet",
+        "LeaderWorkerSet",
+        "Deployment",
+        "ServiceAccount",
+        "PodMonitor",
+    }
+    plural = {
+        "ConfigMap": "configmaps",
+        "Service": "services",
+        "ServiceAccount": "serviceaccounts",
+        "StatefulSet": "statefulsets",
+        "Deployment": "deployments",
+        "LeaderWorkerSet": "leaderworkersets",
+        "PodDisruptionBudget": "poddisruptionbudgets",
+        "PodMonitor": "podmonitors",
+        "PrometheusRule": "prometheusrules",
+    }
+    for group, kind in sorted(kinds):
+        needed = {"get", "list", "watch", "create", "patch", "delete"}
+        assert needed <= rules.get((group, plural[kind], ""), set()), f"{group}/{kind}: needs {needed}"
+    assert {"get", "create"} <= rules[("", "secrets", "")]
+    assert {"get", "delete", "deletecollection"} <= rules[("", "pods", "")]
+    assert {"get", "patch"} <= rules[("moe.inference.dev", "moedeployments", "")]
+    assert {"patch"} <= rules[("moe.inference.dev", "moedeployments/status", "")]
 
 
 # ---- copies that must not drift -------------------------------------------------------------------
@@ -337,7 +514,11 @@ def test_engine_pod_monitor_matches_rendered_engine_pods() -> None:
 
 
 def test_grafana_dashboard() -> None:
-    cm = one(objects(template("monitoring.grafanaDashboard.enabled=true")), "ConfigMap")
+    cm = one(
+        objects(template("monitoring.grafanaDashboard.enabled=true")),
+        "ConfigMap",
+        f"{RELEASE}-moe-operator-dashboard",
+    )
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     dash = json.loads(cm["data"]["moe-operator.json"])
     panels = {p["title"]: p for p in dash["panels"]}
@@ -400,71 +581,10 @@ def test_image_pins_agree() -> None:
 # ---- install into the sandbox ---------------------------------------------------------------------
 
 
-def sa_kubeconfig(box: Sandbox, api: httpx.Client, namespace: str, sa: str, path: Path) -> Path:
-    """A kubeconfig with a token the API server issued to the chart's ServiceAccount (TokenRequest)."""
-    resp = api.post(
-        f"/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token",
-        json={
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600},
-        },
-    )
-    assert resp.status_code == 201, resp.text
-    token = resp.json()["status"]["token"]
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "sandbox",
-                "cluster": {"server": box.server, "certificate-authority": str(box.pki.ca_cert)},
-            }
-        ],
-        "users": [{"name": sa, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "sandbox", "user": sa, "namespace": namespace}}],
-        "current-context": "sa",
-    }
-    path.write_text(yaml.safe_dump(config))
-    review = api.post(
-        "/apis/authentication.k8s.io/v1/tokenreviews",
-        json={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
-    ).json()
-    assert review["status"]["user"]["username"] == f"system:serviceaccount:{namespace}:{sa}"
-    return path
-
-
-def operator_port_base() -> int:
-    return int(os.environ.get("MOE_TEST_OPERATOR_PORT_BASE", "19000"))
-
-
-def shared_operator_live() -> bool:
-    """Whether the session's `moe_operator` (tests/operator_harness.py ports) is running now."""
-    try:
-        return (
-            httpx.get(f"http://127.0.0.1:{operator_port_base() + 80}/healthz", timeout=1).status_code == 200
-        )
-    except httpx.HTTPError:
-        return False
-
-
-@pytest.fixture()
-def shared_operator_paused(request: pytest.FixtureRequest, api: httpx.Client) -> Iterator[None]:
-    """Stop the session's operator, if an earlier test started it, while this test runs its own
-    (only the ServiceAccount-authenticated operator may act); give it back afterwards. One that
-    is not running is not started: later tests may rely on there being no webhook yet."""
-    running: Any = request.getfixturevalue("moe_operator") if shared_operator_live() else None
-    if running is not None:
-        running.stop()
-    yield
-    api.delete(WEBHOOK_CONFIG)
-    if running is not None:
-        running.start()
-
-
 @pytest.mark.cluster
+@pytest.mark.usefixtures("shared_operator_paused")
 def test_helm_install_and_operator_runs_with_chart_rbac(
-    sandbox: Sandbox, api: httpx.Client, namespace: str, tmp_path: Path, shared_operator_paused: None
+    sandbox: Sandbox, api: httpx.Client, namespace: str, tmp_path: Path
 ) -> None:
     release = f"moe-{uuid.uuid4().hex[:6]}"
     kube = ["--kubeconfig", str(sandbox.kubeconfig), "--namespace", namespace]
@@ -482,6 +602,8 @@ def test_helm_install_and_operator_runs_with_chart_rbac(
             f"/apis/apps/v1/namespaces/{namespace}/deployments/{fullname}",
             f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{fullname}",
             f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{fullname}",
+            f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{fullname}-namespaced",
+            f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{fullname}-namespaced",
         ):
             assert api.get(path).status_code == 200, path
 
@@ -512,43 +634,24 @@ def run_operator_as_service_account(
 ) -> None:
     from operator_harness import bind_model_volume
 
-    user = f"system:serviceaccount:{namespace}:{sa}"
-    kubeconfig = sa_kubeconfig(box, api, namespace, sa, tmp / "kubeconfig-sa")
-    base = operator_port_base() + 200
-    liveness, metrics, webhook = base + 80, base + 100, base + 443
-    log_path = tmp / "operator.log"
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "moe_operator.cli", "run",
-                "--liveness", f"http://127.0.0.1:{liveness}/healthz",
-                "--metrics-port", str(metrics),
-                "--webhook-port", str(webhook),
-                "--runtime-image", "moe-runtime:test",
-            ],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-
-    def tail() -> str:
-        return "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
-
-    name = ""
-    try:
-
-        def live() -> bool:
-            assert proc.poll() is None, tail()
-            try:
-                return httpx.get(f"http://127.0.0.1:{liveness}/healthz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(live, 60, what="operator liveness")
+    # As the chart runs it: elected through the chart's ClusterKopfPeering (required, as with two
+    # replicas), the generated webhook certificate kept in the chart's Secret.
+    certs = f"{sa}-webhook-certs"
+    args = (
+        "--peering",
+        sa,
+        "--peering-required",
+        "--webhook-cert-secret",
+        certs,
+        "--webhook-cert-namespace",
+        namespace,
+    )
+    with ServiceAccountOperator(box, api, namespace, sa, tmp, args) as op:
 
         def webhook_registered() -> bool:
             r = api.get(WEBHOOK_CONFIG)
             return r.status_code == 200 and any(
-                str(webhook) in w["clientConfig"].get("url", "") for w in r.json().get("webhooks", [])
+                str(op.webhook) in w["clientConfig"].get("url", "") for w in r.json().get("webhooks", [])
             )
 
         wait_for(webhook_registered, 60, what="validating webhook registered by the ServiceAccount")
@@ -560,7 +663,7 @@ def run_operator_as_service_account(
         assert resp.status_code == 201, resp.text
 
         def ready() -> dict[str, Any] | None:
-            assert proc.poll() is None, tail()
+            op.assert_running()
             got: dict[str, Any] = api.get(f"{MOED}/namespaces/{namespace}/moedeployments/{name}").json()
             conds = got.get("status", {}).get("conditions", [])
             return got if any(c["type"] == "Ready" and c["status"] == "True" for c in conds) else None
@@ -569,7 +672,7 @@ def run_operator_as_service_account(
             wait_for(ready, 120, interval=0.5, what=f"{name} Ready")
         except AssertionError:
             got = api.get(f"{MOED}/namespaces/{namespace}/moedeployments/{name}").json()
-            raise AssertionError(f"not Ready: {json.dumps(got.get('status'))}\n{tail()}") from None
+            raise AssertionError(f"not Ready: {json.dumps(got.get('status'))}\n{op.tail()}") from None
 
         # The webhook the ServiceAccount registered answers: an invalid spec is refused.
         bad = {
@@ -581,8 +684,7 @@ def run_operator_as_service_account(
         assert refused.status_code in (400, 422) and "denied the request" in refused.text, refused.text
 
         # Everything was done as the ServiceAccount, and nothing it tried was forbidden.
-        audit = [json.loads(line) for line in box.audit_log.read_text().splitlines()]
-        mine = [e for e in audit if e.get("stage") == "ResponseComplete" and e["user"]["username"] == user]
+        mine = op.audit()
         forbidden = [e["requestURI"] for e in mine if e.get("responseStatus", {}).get("code") == 403]
         assert not forbidden, forbidden
         written = {(e["objectRef"]["resource"], e["verb"]) for e in mine if e["responseStatus"]["code"] < 300}
@@ -590,15 +692,23 @@ def run_operator_as_service_account(
             "statefulsets",
             "services",
             "configmaps",
-            "roles",
-            "rolebindings",
+            "serviceaccounts",
             "validatingwebhookconfigurations",
+            "clusterkopfpeerings",
         ):
             assert any(r == resource for r, _ in written), (
-                f"no write to {resource} by {user}: {sorted(written)}"
+                f"no write to {resource} by {op.user}: {sorted(written)}"
             )
-        log_text = log_path.read_text(errors="replace")
-        assert "Forbidden" not in log_text and " 403" not in log_text, tail()
+        assert any(
+            e["objectRef"].get("name") == certs
+            and e["verb"] == "create"
+            and e["responseStatus"]["code"] == 201
+            for e in mine
+        ), "the webhook certificate Secret was not created by the ServiceAccount"
+        peering = api.get(f"/apis/kopf.dev/v1/clusterkopfpeerings/{sa}").json()
+        assert peering.get("status"), f"no replica recorded itself in the peering object: {peering}"
+        log_text = op.log_path.read_text(errors="replace")
+        assert "Forbidden" not in log_text and " 403" not in log_text, op.tail()
 
         # Delete while the operator still runs (it owns the finalizer).
         api.delete(f"{MOED}/namespaces/{namespace}/moedeployments/{name}")
@@ -607,11 +717,3 @@ def run_operator_as_service_account(
             60,
             what=f"{name} deleted",
         )
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)

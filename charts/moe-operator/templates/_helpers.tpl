@@ -65,3 +65,13 @@ app.kubernetes.io/component: operator
 {{- define "moe-operator.runtimeImage" -}}
 {{- printf "%s:%s" .Values.runtimeImage.repository (default .Chart.AppVersion .Values.runtimeImage.tag) }}
 {{- end }}
+
+{{/* The kopf peering object(s) replicas elect the active operator through (`run --peering`). */}}
+{{- define "moe-operator.peeringName" -}}
+{{- include "moe-operator.fullname" . }}
+{{- end }}
+
+{{/* The Secret that holds the generated webhook CA and certificate all replicas serve. */}}
+{{- define "moe-operator.webhookCertSecretName" -}}
+{{- printf "%s-webhook-certs" (include "moe-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}

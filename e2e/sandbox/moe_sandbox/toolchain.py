@@ -58,6 +58,7 @@ ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v3.22.0"
 LWS_VERSION = "v0.7.0"
+KUBE_SCORE_VERSION = "v1.20.0"
 
 COMPONENTS: tuple[Component, ...] = (
     Component(
@@ -86,6 +87,14 @@ COMPONENTS: tuple[Component, ...] = (
         version=LWS_VERSION,
         packages={"lws-controller": "sigs.k8s.io/lws/cmd"},
         ldflags=[f"-X sigs.k8s.io/lws/pkg/version.GitVersion={LWS_VERSION}"],
+    ),
+    # A manifest linter nobody here wrote (tests/security/test_linters.py), not part of the sandbox.
+    Component(
+        name="kube-score",
+        module="github.com/zegl/kube-score",
+        version=KUBE_SCORE_VERSION,
+        packages={"kube-score": "github.com/zegl/kube-score/cmd/kube-score"},
+        ldflags=[f"-X main.version={KUBE_SCORE_VERSION}"],
     ),
     Component(
         name="kubernetes",

@@ -65,6 +65,96 @@ def service_account_name(name: str) -> str:
     return f"{name}-runtime"
 
 
+# ---- pod security (docs/security.md, "Engine pods") ------------------------------------------------
+
+NON_ROOT_UID = 10001
+"""UID/GID of every container the operator renders that needs no root: the runtime init container,
+the router and its version check (the operator image's user too)."""
+
+RESTRICTED_CONTAINER: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": NON_ROOT_UID,
+    "runAsGroup": NON_ROOT_UID,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+"""Pod Security "restricted" for a container that only reads its image and writes emptyDirs."""
+
+SECCOMP_RUNTIME_DEFAULT: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+
+# Small fixed resources of the short-lived init containers (a copy, a version check): never BestEffort.
+INIT_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"cpu": "1", "memory": "512Mi"},
+}
+
+ENGINE_MEMORY_PER_GPU_GI = 16
+"""Default engine memory request per GPU of the node (GiB) when spec.engine.resources sets none: one
+SGLang TP/EP rank per GPU holds torch, a CUDA context, pinned host buffers and CUDA-graph state,
+plus the tokenizer and detokenizer processes. A request only (no limit): it keeps engine pods out
+of the BestEffort class, the first evicted under node memory pressure, where one evicted rank
+restarts its whole group."""
+
+ENGINE_CPU_PER_GPU = 1
+"""Default engine CPU request per GPU (cores): each rank's scheduler process busy-waits on its GPU."""
+
+
+def engine_needs_ipc_lock(spec: MoEDeploymentSpec) -> bool:
+    """IPC_LOCK, the only capability an engine may get: RDMA NICs pin (register) the memory they
+    read and write, beyond RLIMIT_MEMLOCK. Needed where the pod does RDMA: it is given RDMA
+    devices (spec.topology.rdmaResourceName: DeepEP/NVSHMEM and NCCL over InfiniBand or RoCE), or
+    it sends KV over RDMA in P/D (Mooncake, RDMA unless MC_FORCE_TCP, or named IB devices). NVLink
+    (one node, or a multi-node NVLink domain such as GB200 NVL72) needs no capability."""
+    if spec.topology.rdma_resource_name:
+        return True
+    kv = spec.kv_transfer
+    return spec.prefill is not None and (kv.backend == "mooncake" or bool(kv.ib_devices))
+
+
+def engine_security_context(spec: MoEDeploymentSpec) -> dict[str, Any]:
+    """Every capability dropped (no NET_RAW, no SYS_RESOURCE: SGLang raises only soft limits), IPC_LOCK
+    added back only for RDMA, no privilege escalation. The engine runs as the image's user (root in
+    the SGLang images) with a writable root file system: JIT kernel caches are written at run time."""
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if engine_needs_ipc_lock(spec):
+        capabilities["add"] = ["IPC_LOCK"]
+    return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": capabilities}
+
+
+def _default_request(resources: dict[str, Any], name: str, value: str) -> None:
+    """Request ``value`` of ``name`` unless the spec requests or limits it (a limit alone is also the
+    request in Kubernetes)."""
+    if name in (resources.get("requests") or {}) or name in (resources.get("limits") or {}):
+        return
+    resources.setdefault("requests", {})[name] = value
+
+
+def engine_resources(spec: MoEDeploymentSpec) -> dict[str, Any]:
+    """spec.engine.resources plus the GPUs (and RDMA device) of the node, with default CPU and memory
+    requests where the spec sets none: never BestEffort."""
+    topo = spec.topology
+    gpus = str(topo.gpus_per_node)
+    resources = copy.deepcopy(spec.engine.resources or {})
+    _default_request(resources, "cpu", str(ENGINE_CPU_PER_GPU * topo.gpus_per_node))
+    _default_request(resources, "memory", f"{ENGINE_MEMORY_PER_GPU_GI * topo.gpus_per_node}Gi")
+    limits = resources.setdefault("limits", {})
+    requests = resources.setdefault("requests", {})
+    limits[topo.gpu_resource_name] = requests[topo.gpu_resource_name] = gpus
+    if topo.rdma_resource_name:
+        limits[topo.rdma_resource_name] = requests[topo.rdma_resource_name] = "1"
+    return resources
+
+
+def low_port_sysctls(ports: list[int], host_network: bool) -> list[dict[str, str]]:
+    """Containers without CAP_NET_BIND_SERVICE bind a port below 1024 only where the pod's network
+    namespace allows it (a "safe" sysctl, Pod Security baseline); not settable on the host's."""
+    low = min(ports)
+    if low >= 1024 or host_network:
+        return []
+    return [{"name": "net.ipv4.ip_unprivileged_port_start", "value": str(low)}]
+
+
 def leader_address(owner: Owner, pool: str, index: int) -> str:
     inst = L.instance_name(owner.name, pool, index)
     return f"{inst}-0.{inst}.{owner.namespace}.svc.cluster.local"
@@ -78,6 +168,10 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+def _sysctls(sysctls: list[dict[str, str]]) -> dict[str, Any]:
+    return {"sysctls": sysctls} if sysctls else {}
+
+
 def pod_template(
     spec: MoEDeploymentSpec, owner: Owner, pool: Pool, site: InstanceSite, settings: RuntimeSettings
 ) -> dict[str, Any]:
@@ -85,17 +179,9 @@ def pod_template(
     p = pools(spec)[pool]
     layout = pool_layout(p, spec.topology)
     topo = spec.topology
-    gpus = str(topo.gpus_per_node)
-    resources = copy.deepcopy(spec.engine.resources or {})
-    limits = resources.setdefault("limits", {})
-    limits[topo.gpu_resource_name] = gpus
-    if topo.rdma_resource_name:
-        limits[topo.rdma_resource_name] = "1"
-    resources.setdefault("requests", {})[topo.gpu_resource_name] = gpus
-    if topo.rdma_resource_name:
-        resources["requests"][topo.rdma_resource_name] = "1"
+    resources = engine_resources(spec)
 
-    ports = [
+    ports: list[dict[str, Any]] = [
         {"name": "http", "containerPort": spec.engine.port},
         {"name": "dist-init", "containerPort": spec.engine.dist_init_port},
         {"name": "runtime", "containerPort": SIDECAR_PORT},
@@ -112,7 +198,7 @@ def pod_template(
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
     volumes: list[dict[str, Any]] = [
-        {"name": "runtime", "emptyDir": {}},
+        {"name": "runtime", "emptyDir": {"sizeLimit": "256Mi"}},
         {"name": "engine-config", "configMap": {"name": engine_config_name(owner.name, pool)}},
         # The control loop publishes placements; pods start without one (trivial placement).
         {
@@ -145,7 +231,14 @@ def pod_template(
         affinity_terms.insert(0, {"key": site.label, "operator": "In", "values": [site.domain]})
 
     pod_spec: dict[str, Any] = {
+        # A ServiceAccount bound to nothing, and no token: the runtime reads its placement from the
+        # mounted ConfigMap and never calls the Kubernetes API.
         "serviceAccountName": service_account_name(owner.name),
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            **SECCOMP_RUNTIME_DEFAULT,
+            **_sysctls(low_port_sysctls([int(p["containerPort"]) for p in ports], topo.host_network)),
+        },
         "terminationGracePeriodSeconds": 120,
         "enableServiceLinks": False,
         "affinity": {
@@ -162,6 +255,8 @@ def pod_template(
                 "image": settings.runtime_image,
                 "command": ["sh", "-c", f"cp -r {RUNTIME_DIR}/. {RUNTIME_DIR}-target/"],
                 "volumeMounts": [{"name": "runtime", "mountPath": f"{RUNTIME_DIR}-target"}],
+                "resources": copy.deepcopy(INIT_RESOURCES),
+                "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
             }
         ],
         "containers": [
@@ -174,7 +269,7 @@ def pod_template(
                 "ports": ports,
                 "resources": resources,
                 "volumeMounts": mounts,
-                "securityContext": {"capabilities": {"add": ["IPC_LOCK", "SYS_RESOURCE"]}},
+                "securityContext": engine_security_context(spec),
                 "startupProbe": {
                     "httpGet": {"path": "/healthz", "port": SIDECAR_PORT},
                     "periodSeconds": 10,

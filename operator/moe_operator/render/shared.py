@@ -1,7 +1,8 @@
-"""Per-pool and per-deployment objects: engine ConfigMaps, pool Services, PDBs, router, RBAC."""
+"""Per-pool and per-deployment objects: engine ConfigMaps, pool Services, PDBs, router, ServiceAccounts."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from typing import Any
@@ -15,10 +16,14 @@ from moe_operator.api.types import parse_duration
 from moe_operator.render import labels as L
 from moe_operator.render.engine import engine_config
 from moe_operator.render.group import (
+    INIT_RESOURCES,
+    NON_ROOT_UID,
+    RESTRICTED_CONTAINER,
+    SECCOMP_RUNTIME_DEFAULT,
     Owner,
     engine_config_name,
     leader_address,
-    placement_config_name,
+    low_port_sysctls,
     service_account_name,
     token_secret_name,
 )
@@ -141,8 +146,8 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
         "command": ["python3", "-c", _ROUTER_VERSION_CHECK, version],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    pod_spec = {"initContainers": [version_check], "containers": [container]}
-    deployment = {
+    pod_spec: dict[str, Any] = {"initContainers": [version_check], "containers": [container]}
+    deployment: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _meta(owner, f"{owner.name}-router", "router"),
@@ -158,40 +163,98 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
         "metadata": _meta(owner, f"{owner.name}-router", "router"),
         "spec": {"selector": selector, "ports": [{"name": "http", "port": r.port, "targetPort": r.port}]},
     }
-    return [deployment, service]
+    harden_router_pod(deployment["spec"]["template"]["spec"], owner, r.replicas, selector)
+    extra = [router_disruption_budget(owner, selector)] if r.replicas >= 2 else []
+    return [router_service_account(owner), deployment, service, *extra]
+
+
+def router_service_account_name(name: str) -> str:
+    return f"{name}-router"
+
+
+def router_service_account(owner: Owner) -> dict[str, Any]:
+    """The router's own identity, bound to nothing and without a token: it never calls the API."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _meta(owner, router_service_account_name(owner.name), "router"),
+        "automountServiceAccountToken": False,
+    }
+
+
+# Used when spec.router.resources is unset: a request keeps the router out of BestEffort, the memory
+# limit bounds one replica. No CPU limit: CFS throttling adds latency to every proxied request.
+ROUTER_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "500m", "memory": "512Mi"},
+    "limits": {"memory": "2Gi"},
+}
+
+
+def harden_router_pod(
+    pod_spec: dict[str, Any], owner: Owner, replicas: int, selector: dict[str, str]
+) -> None:
+    """Pod Security "restricted" for the router pod: non-root with a fixed UID, read-only root file
+    system (a /tmp emptyDir), every capability dropped, seccomp RuntimeDefault, a token-less
+    ServiceAccount; default resources; replicas spread over nodes."""
+    pod_spec["serviceAccountName"] = router_service_account_name(owner.name)
+    pod_spec["automountServiceAccountToken"] = False
+    containers = pod_spec["containers"]
+    ports = [int(p["containerPort"]) for c in containers for p in c.get("ports", [])]
+    sysctls = low_port_sysctls(ports, host_network=False)
+    pod_spec["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        **SECCOMP_RUNTIME_DEFAULT,
+        **({"sysctls": sysctls} if sysctls else {}),
+    }
+    for init in pod_spec.get("initContainers", []):
+        init["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER)
+        init.setdefault("resources", copy.deepcopy(INIT_RESOURCES))
+    for container in containers:
+        container["securityContext"] = copy.deepcopy(RESTRICTED_CONTAINER)
+        container.setdefault("resources", copy.deepcopy(ROUTER_RESOURCES))
+        container.setdefault("volumeMounts", []).append({"name": "tmp", "mountPath": "/tmp"})
+    pod_spec.setdefault("volumes", []).append({"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}})
+    if replicas >= 2:
+        pod_spec["affinity"] = {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "topologyKey": "kubernetes.io/hostname",
+                            "labelSelector": {"matchLabels": dict(selector)},
+                        },
+                    }
+                ]
+            }
+        }
+
+
+def router_disruption_budget(owner: Owner, selector: dict[str, str]) -> dict[str, Any]:
+    """Two or more routers: a drain or eviction takes one at a time, the others keep serving. None
+    for a single router: a budget that allows no eviction would block node drains."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(owner, f"{owner.name}-router", "router"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": dict(selector)}},
+    }
 
 
 def runtime_rbac(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]]:
-    """The engine pods' identity: read their own placement ConfigMaps, nothing else."""
-    sa = service_account_name(owner.name)
-    names = [placement_config_name(owner.name, pool) for pool in pools(spec)]
+    """The engine pods' identity: a ServiceAccount bound to no Role and without a token. The runtime
+    never calls the Kubernetes API (it reads its placement from the mounted ConfigMap), so it is
+    given no permission at all, and the operator needs no right to write RBAC objects."""
+    del spec  # one identity per deployment, whatever its pools
     return [
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": _meta(owner, sa, "runtime"),
-            "automountServiceAccountToken": True,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": _meta(owner, sa, "runtime"),
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["configmaps"],
-                    "resourceNames": names,
-                    "verbs": ["get", "watch"],
-                }
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": _meta(owner, sa, "runtime"),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
-            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": owner.namespace}],
-        },
+            "metadata": _meta(owner, service_account_name(owner.name), "runtime"),
+            "automountServiceAccountToken": False,
+        }
     ]
 
 
