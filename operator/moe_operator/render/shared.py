@@ -115,6 +115,9 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
     startup = math.ceil(parse_duration(spec.engine.startup_timeout))
     args = ["--host", "0.0.0.0", "--port", str(r.port), "--policy", r.policy, "--prometheus-port", "29000"]
     args += ["--worker-startup-timeout-secs", str(startup)]
+    # Worker health by SGLang's cheap /ready: the router's default /health makes SGLang 0.5.23
+    # generate a token (1-20 s under load), beyond the router's 5 s health-check timeout.
+    args += ["--health-check-endpoint", "/ready"]
     if spec.prefill is not None:
         args.append("--pd-disaggregation")
         for url in urls("prefill"):

@@ -58,6 +58,7 @@ ROUTER_OWNED: dict[str, str] = {
     "port": "spec.router.port",
     "policy": "spec.router.policy",
     "worker_startup_timeout_secs": "spec.engine.startupTimeout",
+    "health_check_endpoint": "the operator (workers are checked by SGLang's cheap /ready)",
     "service_discovery": "the operator (it lists the instances itself)",
     "service_discovery_namespace": "the operator (it lists the instances itself)",
     "service_discovery_port": "spec.engine.port",
