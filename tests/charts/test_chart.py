@@ -280,9 +280,6 @@ EXPECTED_NAMESPACED_RULES: dict[tuple[str, str, str], set[str]] = {
     },
     ("", "secrets", ""): {"get", "create"},  # the runtime token only: never listed or watched
     ("", "events", ""): {"create"},
-    # read only, while the reconciler still indexes engine Roles of older versions
-    ("rbac.authorization.k8s.io", "roles", ""): {"get", "list", "watch"},
-    ("rbac.authorization.k8s.io", "rolebindings", ""): {"get", "list", "watch"},
 }
 CLUSTER_SCOPED = {
     "nodes",

@@ -494,7 +494,8 @@ class RouterSpec(APIObject):
         description="Extra sglang-router 0.3.2 arguments, read as its parser does (unknown and ambiguous "
         "flags, value types and choices are refused). Flags the operator owns, under any spelling "
         "(--pd-disaggregation, --prefill, --decode, --worker-urls, --host, --port, --policy, "
-        "--worker-startup-timeout-secs, --service-discovery*, --*selector, --prometheus-port, "
+        "--worker-startup-timeout-secs, --health-check-endpoint, --service-discovery*, --*selector, "
+        "--prometheus-port, "
         "--prometheus-host), are refused.",
     )
     resources: EmbeddedObject | None = Field(

@@ -143,18 +143,6 @@ async def serviceaccount_index(
     return _child("ServiceAccount", name, namespace, body)
 
 
-@kopf.index("roles.rbac.authorization.k8s.io", labels=MANAGED)
-async def role_index(name: str, namespace: str | None, body: kopf.Body, **_: Any) -> dict[Any, Any] | None:
-    return _child("Role", name, namespace, body)
-
-
-@kopf.index("rolebindings.rbac.authorization.k8s.io", labels=MANAGED)
-async def rolebinding_index(
-    name: str, namespace: str | None, body: kopf.Body, **_: Any
-) -> dict[Any, Any] | None:
-    return _child("RoleBinding", name, namespace, body)
-
-
 @kopf.index("leaderworkersets.leaderworkerset.x-k8s.io", labels=MANAGED)
 async def leaderworkerset_index(
     name: str, namespace: str | None, body: kopf.Body, **_: Any
@@ -218,8 +206,6 @@ CHILD_INDEXES = (
     "service_index",
     "configmap_index",
     "serviceaccount_index",
-    "role_index",
-    "rolebinding_index",
     "pdb_index",
     "leaderworkerset_index",
     "podmonitor_index",
