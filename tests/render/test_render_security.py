@@ -13,6 +13,7 @@ import yaml
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.render.children import render_children
 from moe_operator.render.group import (
+    ENGINE_EPHEMERAL_STORAGE,
     ENGINE_MEMORY_PER_GPU_GI,
     NON_ROOT_UID,
     Owner,
@@ -206,6 +207,7 @@ def test_engine_defaults_fill_only_what_the_spec_leaves_out() -> None:
     assert res["requests"] == {
         "cpu": "4",
         "memory": f"{ENGINE_MEMORY_PER_GPU_GI * 4}Gi",
+        "ephemeral-storage": ENGINE_EPHEMERAL_STORAGE,
         "nvidia.com/gpu": "4",
     }
     assert res["limits"] == {"nvidia.com/gpu": "4"}
@@ -231,7 +233,7 @@ def test_router_default_resources_and_spec_resources() -> None:
     spec = gb200_decode_spec()
     deployment = next(o for o in router_objects(spec, OWNER) if o["kind"] == "Deployment")
     (router,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert router["resources"]["requests"] == {"cpu": "500m", "memory": "512Mi"}
+    assert router["resources"]["requests"] == {"cpu": "500m", "memory": "512Mi", "ephemeral-storage": "256Mi"}
     spec = spec.model_copy(deep=True)
     spec.router.resources = {"requests": {"cpu": "2", "memory": "4Gi"}}
     deployment = next(o for o in router_objects(spec, OWNER) if o["kind"] == "Deployment")

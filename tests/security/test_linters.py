@@ -173,7 +173,8 @@ def test_every_finding_is_fixed_or_allowed(manifests: dict[str, Path], checkov: 
     assert findings, "no findings at all: are the linters running?"
     entries = load_allowlist()
     unallowed = sorted(
-        (f for f in findings if not any(matches(e, f) for e in entries)), key=lambda f: f.__dict__.values()
+        (f for f in findings if not any(matches(e, f) for e in entries)),
+        key=lambda f: tuple(str(v) for v in f.__dict__.values()),
     )
     stale = [e for e in entries if not any(matches(e, f) for f in findings)]
     message = ""

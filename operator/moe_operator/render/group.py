@@ -85,8 +85,8 @@ SECCOMP_RUNTIME_DEFAULT: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDe
 
 # Small fixed resources of the short-lived init containers (a copy, a version check): never BestEffort.
 INIT_RESOURCES: dict[str, Any] = {
-    "requests": {"cpu": "100m", "memory": "128Mi"},
-    "limits": {"cpu": "1", "memory": "512Mi"},
+    "requests": {"cpu": "100m", "memory": "128Mi", "ephemeral-storage": "64Mi"},
+    "limits": {"cpu": "1", "memory": "512Mi", "ephemeral-storage": "1Gi"},
 }
 
 ENGINE_MEMORY_PER_GPU_GI = 16
@@ -95,6 +95,11 @@ SGLang TP/EP rank per GPU holds torch, a CUDA context, pinned host buffers and C
 plus the tokenizer and detokenizer processes. A request only (no limit): it keeps engine pods out
 of the BestEffort class, the first evicted under node memory pressure, where one evicted rank
 restarts its whole group."""
+
+ENGINE_EPHEMERAL_STORAGE = "20Gi"
+"""Default engine ephemeral-storage request: SGLang, Triton, FlashInfer and DeepGEMM write JIT kernel
+caches and logs into the container's file system. A request only: a limit would evict one rank, and
+so restart its whole group, when a cache grows."""
 
 ENGINE_CPU_PER_GPU = 1
 """Default engine CPU request per GPU (cores): each rank's scheduler process busy-waits on its GPU."""
@@ -138,6 +143,7 @@ def engine_resources(spec: MoEDeploymentSpec) -> dict[str, Any]:
     resources = copy.deepcopy(spec.engine.resources or {})
     _default_request(resources, "cpu", str(ENGINE_CPU_PER_GPU * topo.gpus_per_node))
     _default_request(resources, "memory", f"{ENGINE_MEMORY_PER_GPU_GI * topo.gpus_per_node}Gi")
+    _default_request(resources, "ephemeral-storage", ENGINE_EPHEMERAL_STORAGE)
     limits = resources.setdefault("limits", {})
     requests = resources.setdefault("requests", {})
     limits[topo.gpu_resource_name] = requests[topo.gpu_resource_name] = gpus

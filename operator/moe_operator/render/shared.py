@@ -188,8 +188,8 @@ def router_service_account(owner: Owner) -> dict[str, Any]:
 # Used when spec.router.resources is unset: a request keeps the router out of BestEffort, the memory
 # limit bounds one replica. No CPU limit: CFS throttling adds latency to every proxied request.
 ROUTER_RESOURCES: dict[str, Any] = {
-    "requests": {"cpu": "500m", "memory": "512Mi"},
-    "limits": {"memory": "2Gi"},
+    "requests": {"cpu": "500m", "memory": "512Mi", "ephemeral-storage": "256Mi"},
+    "limits": {"memory": "2Gi", "ephemeral-storage": "2Gi"},
 }
 
 

@@ -38,6 +38,9 @@ class NodePool(BaseModel):
     gpu_memory_mib: int = Field(ge=1, alias="gpuMemoryMiB")
     cpu: str = "64"
     memory: str = "512Gi"
+    ephemeral_storage: str = Field(
+        default="4Ti", alias="ephemeralStorage", description="node-local disk (a kubelet's capacity)"
+    )
     labels: dict[str, str] = Field(default_factory=dict)
     extra_resources: dict[str, str] = Field(
         default_factory=dict, alias="extraResources", description="e.g. a simulated RDMA device plugin"
@@ -136,6 +139,7 @@ def render_nodes(spec: NodePoolsFile) -> list[dict[str, Any]]:
             resources_ = {
                 "cpu": pool.cpu,
                 "memory": pool.memory,
+                "ephemeral-storage": pool.ephemeral_storage,
                 "pods": "110",
                 "nvidia.com/gpu": str(pool.gpus_per_node),
                 **pool.extra_resources,
