@@ -35,4 +35,4 @@ async def validate_moedeployment(spec: kopf.Spec, memo: kopf.Memo, **kwargs: Any
     namespace = kwargs.get("namespace") or meta.get("namespace")
     problems = validate(dict(spec), old_spec, operator_of(memo).platform, namespace)
     if problems:
-        raise kopf.AdmissionError("; ".join(f"{p.field}: {p.message}" for p in problems), code=422)
+        raise kopf.AdmissionError("; ".join(str(p) for p in problems), code=422)

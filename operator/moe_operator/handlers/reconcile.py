@@ -152,7 +152,7 @@ def check_spec(t: Target) -> MoEDeploymentSpec | None:
     """The parsed spec, or None after reporting why the rules refuse it."""
     problems = validate(dict(t.body.spec), None, t.op.platform, t.owner.namespace)
     if problems:
-        stop(t, Reason.INVALID_SPEC, "; ".join(f"{p.field}: {p.message}" for p in problems)[:4000])
+        stop(t, Reason.INVALID_SPEC, "; ".join(str(p) for p in problems)[:4000])
         return None
     return MoEDeploymentSpec.model_validate(dict(t.body.spec))
 
