@@ -71,6 +71,26 @@ unmount_under() {
   { findmnt -rn -o TARGET | grep -F "$1/" || true; } | sort -r | while read -r target; do umount -l "$target" || true; done
 }
 
+# ---- cache -------------------------------------------------------------------------------------
+# An entry is a directory KIND-KEY under $MOE_IMAGE_CACHE (KIND: moe-operator, moe-runtime,
+# ci-base), written as KIND-KEY.partial and renamed once complete, so an interrupted build leaves
+# no entry. Every source change makes a new key: a kind keeps only its most recently used entries.
+cache_hit() {  # DIR: a complete entry, marked as just used
+  [ -f "$1/.complete" ] || return 1
+  touch "$1"
+}
+
+cache_commit() {  # DIR KEEP: DIR.partial becomes the entry DIR; its kind keeps KEEP entries
+  local dir=$1 keep=$2 kind old
+  touch "$dir.partial/.complete"
+  rm -rf "$dir" && mv "$dir.partial" "$dir"
+  kind=${dir##*/}
+  kind=${kind%-*}
+  find "$MOE_IMAGE_CACHE" -mindepth 1 -maxdepth 1 -type d -name "$kind-*" -not -name '*.partial' \
+    -printf '%T@ %p\n' | sort -rn | tail -n +$((keep + 1)) | cut -d' ' -f2- \
+    | while read -r old; do rm -rf "$old"; done
+}
+
 # A private, throwaway store; the cache keeps only the archives. Storage driver: overlay where
 # the kernel mounts it here (fast: layers are not copied), else vfs, which works on any file
 # system but copies the whole file system for every container; MOE_BUILDAH_DRIVER overrides.
@@ -149,11 +169,12 @@ inspect_image() {  # IMAGE NAME LABEL TREE-GLOB
   "${B[@]}" rm "$ctr" >/dev/null
 }
 
-build_image() {  # NAME BASE_ARG BASE_REF KEY
+build_image() {  # NAME BASE_ARG BASE_REF KEY [--build-arg K=V ...]
   local name=$1 base_arg=$2 base_ref=$3 key=$4
+  shift 4
   local image="$MOE_IMAGE_PREFIX/moe-$name:$MOE_OPERATOR_VERSION"
   local dir="$MOE_IMAGE_CACHE/moe-$name-$key"
-  if [ "$rebuild" = 0 ] && [ -f "$dir/.complete" ]; then
+  if [ "$rebuild" = 0 ] && cache_hit "$dir"; then
     step "moe-$name: cached ($dir)"
     return
   fi
@@ -166,7 +187,7 @@ build_image() {  # NAME BASE_ARG BASE_REF KEY
   step "moe-$name: building docker/$name.Dockerfile on $base_ref (revision $rev, $driver storage)"
   "${B[@]}" bud --isolation chroot --format oci --layers=false --pull="$pull" "${RUN_MOUNTS[@]}" \
     -f "$repo/docker/$name.Dockerfile" --ignorefile "$repo/docker/$name.Dockerfile.dockerignore" \
-    --build-arg "$base_arg=$base_ref" \
+    --build-arg "$base_arg=$base_ref" "$@" \
     --build-arg "MOE_OPERATOR_VERSION=$MOE_OPERATOR_VERSION" \
     --build-arg "MOE_REVISION=$rev" \
     --timestamp "$epoch" \
@@ -204,8 +225,7 @@ build_image() {  # NAME BASE_ARG BASE_REF KEY
     echo "MOE_${upper}_ARCHIVE_MB=$archive_mb"
     echo "MOE_${upper}_BUILD_SECONDS=$((SECONDS - t0))"
   } >"$dir.partial/image.env"
-  touch "$dir.partial/.complete"
-  rm -rf "$dir" && mv "$dir.partial" "$dir"
+  cache_commit "$dir" 3
 }
 
 # ---- bases -------------------------------------------------------------------------------------
@@ -242,7 +262,8 @@ fi
 
 # ---- images ------------------------------------------------------------------------------------
 build_image operator PYTHON_IMAGE "$python_ref" "$operator_key"
-build_image runtime SGLANG_IMAGE "$engine_ref" "$runtime_key"
+build_image runtime SGLANG_IMAGE "$engine_ref" "$runtime_key" \
+  --build-arg "SGLANG_ROUTER_VERSION=$SGLANG_ROUTER_VERSION"
 
 # ---- output ------------------------------------------------------------------------------------
 : >"$out/build.env.partial"

@@ -20,7 +20,7 @@ ci_base_key() {
 ci_base_load() {
   local key=$1 dir="$MOE_IMAGE_CACHE/ci-base-$1"
   local py="localhost/moe-ci-python:$key" engine="localhost/moe-ci-engine:$key"
-  if [ -f "$dir/.complete" ]; then
+  if cache_hit "$dir"; then
     step "CI base images from the cache ($dir)"
     _ci_base_tag "$dir/ci-python.oci.tar" "$py"
     _ci_base_tag "$dir/ci-engine.oci.tar" "$engine"
@@ -64,8 +64,7 @@ EOF
   # Uncompressed: a cache, never shipped; compressing ~400 MB costs more than it saves.
   "${B[@]}" push -q -D "$py" "oci-archive:$dir.partial/ci-python.oci.tar" >/dev/null
   "${B[@]}" push -q -D "$engine" "oci-archive:$dir.partial/ci-engine.oci.tar" >/dev/null
-  touch "$dir.partial/.complete"
-  rm -rf "$dir" && mv "$dir.partial" "$dir"
+  cache_commit "$dir" 2
   step "CI base images built in $((SECONDS - t0)) s (cached in $dir)"
 }
 

@@ -1,7 +1,8 @@
 # CI only: a stand-in for the SGLang image (lmsysorg/sglang cannot be pulled there), built by
 # `bash docker/build.sh --local-base` on the debootstrapped Debian base. It holds what the
-# engine image offers the runtime tree, and nothing more: the system python3 with pip and the
-# light packages of ci-engine-requirements.txt (no sglang, torch, kopf or kubernetes client).
+# engine image offers the runtime tree and the router, and nothing more: the system python3 with
+# pip and the light packages of ci-engine-requirements.txt (no sglang, torch, kopf or kubernetes
+# client).
 # docker/runtime.Dockerfile is then built FROM it with --build-arg SGLANG_IMAGE.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}

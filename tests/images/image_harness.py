@@ -4,10 +4,12 @@ chroot isolation on the host network (the sandbox listens on loopback only)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tarfile
 import tempfile
@@ -134,12 +136,50 @@ class Store:
             self.run_argv(container, argv, **kw), capture_output=True, text=True, timeout=300
         )
 
+    def start(self, container: str, argv: Sequence[str], log: Path, **kw: Any) -> subprocess.Popen[bytes]:
+        """`buildah run` of argv in the background, its output to log; stop it with stop()."""
+        with open(log, "wb") as out:
+            return subprocess.Popen(
+                self.run_argv(container, argv, **kw),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # buildah and the command in one group, stopped together
+            )
+
     def remove(self) -> None:
         self.buildah("rm", "--all", check=False)
         mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True, text=True).stdout
         for target in sorted((m for m in mounts.split() if m.startswith(f"{self.dir}/")), reverse=True):
             subprocess.run(["umount", "-l", target], check=False)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM to the command that Store.start ran (as the kubelet signals a container), not to
+    buildah and its chroot helpers, which would kill it outright; buildah then exits with the
+    command's status."""
+    if proc.poll() is None:
+        for pid in session_leaves(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    return proc.returncode
+
+
+def session_leaves(sid: int) -> list[int]:
+    """Processes of a session that have no children in it (buildah -> buildah-chroot-runtime ->
+    buildah-chroot-exec -> the command): from /proc, the fields after the command name in stat."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:
+                parents[int(stat.parent.name)] = int(fields[1])
+    return [pid for pid in parents if pid not in parents.values()]
 
 
 # The engine container's view of the copied tree: what imports, from where, and what does not.

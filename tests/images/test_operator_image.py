@@ -9,12 +9,8 @@ session scope), and two operators would fight over the same MoEDeployment and we
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -24,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from image_harness import PROBE, REPO, RUNTIME_TREE, BuiltImages, Store, oci_manifest
+from image_harness import PROBE, REPO, RUNTIME_TREE, BuiltImages, Store, oci_manifest, stop
 
 from moe_operator.cli.crds import render_crd_yaml
 from moe_sandbox import testing as sandbox_testing
@@ -85,6 +81,10 @@ def test_operator_image_holds_no_build_tools_nor_runtime(image_store: Store, ope
     for absent in ("pip", "setuptools", "moe_runtime", "moe_sandbox", "sglang", "torch"):
         assert absent not in present, f"{absent} in the operator's virtualenv"
     assert not (root / "opt/moe-operator/bin/pip").exists()
+    # Dropped to keep the image small (docker/operator.Dockerfile): nothing imports them.
+    assert not (site / "kubernetes" / "aio").exists()
+    assert (site / "kubernetes" / "client").is_dir()
+    assert not list((site / "numpy").rglob("tests")), "numpy's test suites in the operator image"
     assert not (root / "src").exists() and not (root / "wheels").exists()
     assert not (root / "root/.cache").exists(), "a build cache left in the image"
     home = root / "home/moe-operator"
@@ -147,13 +147,8 @@ class ImageOperator:
         ]
         self.log_path = kube_dir.parent / "operator-image.log"
         env = {"KUBECONFIG": f"{KUBECONFIG_DIR}/kubeconfig"}
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                store.run_argv(container, argv, volumes=[f"{kube_dir}:{KUBECONFIG_DIR}:ro"], env=env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # buildah and the operator in one group, stopped together
-            )
+        volumes = [f"{kube_dir}:{KUBECONFIG_DIR}:ro"]
+        self.proc = store.start(container, argv, self.log_path, volumes=volumes, env=env)
 
     def tail(self) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-40:])
@@ -162,31 +157,8 @@ class ImageOperator:
         assert self.proc.poll() is None, f"operator exited ({self.proc.returncode}):\n{self.tail()}"
 
     def stop(self) -> int:
-        """SIGTERM to the operator process (as the kubelet signals a container), not to buildah
-        and its chroot helpers, which would kill it outright; buildah then exits with the
-        operator's status."""
-        if self.proc.poll() is None:
-            for pid in session_leaves(self.proc.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        return self.proc.returncode
-
-
-def session_leaves(sid: int) -> list[int]:
-    """Processes of a session that have no children in it (buildah -> buildah-chroot-runtime ->
-    buildah-chroot-exec -> the command): from /proc, the fields after the command name in stat."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) == sid:
-                parents[int(stat.parent.name)] = int(fields[1])
-    return [pid for pid in parents if pid not in parents.values()]
+        """SIGTERM to the operator (image_harness.stop); its exit status."""
+        return stop(self.proc)
 
 
 def ready(api: httpx.Client, op: ImageOperator, namespace: str, name: str) -> dict[str, Any] | None:

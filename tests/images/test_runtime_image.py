@@ -7,6 +7,9 @@ In CI the engine is a stand-in for the SGLang image holding only the packages th
 needs from it (docker/ci-engine.Dockerfile: numpy, pydantic, aiohttp, prometheus-client), and
 the runtime image is built FROM it, so the engine container runs in the runtime image with the
 copy mounted over its own tree: only the copy and the engine's own packages are importable.
+
+The image also pins sglang-router (docker/versions.env), so it can serve as spec.router.image:
+the rendered router pod's version check and router command run in it too.
 """
 
 from __future__ import annotations
@@ -21,32 +24,50 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import yaml
-from image_harness import PROBE, REPO, RUNTIME_TREE, BuiltImages, Store, oci_manifest
+from image_harness import PROBE, REPO, RUNTIME_TREE, BuiltImages, Store, oci_manifest, stop
 
+from moe_contract.flags import router_catalog
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.render.engine import engine_config
 from moe_operator.render.group import Owner, RuntimeSettings, pod_template
+from moe_operator.render.shared import router_objects
 from moe_operator.topology.planner import InstanceSite
 from moe_placement.maps import trivial_map
+from moe_sandbox.testing import TEST_PORT_BASE, wait_for
 
 EXAMPLE = REPO / "examples" / "qwen3-30b-a3b-single-node.yaml"
 GOLDEN = REPO / "tests" / "runtime" / "golden"
 DISTRIBUTIONS = {"moe_runtime": "runtime", "moe_placement": "placement", "moe_contract": "contract"}
 # What fieldRef env vars resolve to in a pod (kubelet fills them; here they are fixed).
 FIELD_VALUES = {"MOE_RANK": "0", "POD_IP": "127.0.0.1", "POD_NAME": "qwen3-30b-decode-0-0"}
+# The router's listen ports, moved off the rendered 8000/29000 (next to the operator image test's).
+ROUTER_PORT, ROUTER_METRICS_PORT = TEST_PORT_BASE + 483, TEST_PORT_BASE + 484
+OWNER_UID = "00000000-0000-0000-0000-000000000000"
 
 
 def rendered_pod(runtime_image: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The operator's pod spec and engine config for the one-node example (its pure renderers)."""
     obj = yaml.safe_load(EXAMPLE.read_text())
     spec = MoEDeploymentSpec.model_validate(obj["spec"])
-    owner = Owner(obj["metadata"]["name"], "default", "00000000-0000-0000-0000-000000000000")
+    owner = Owner(obj["metadata"]["name"], "default", OWNER_UID)
     site = InstanceSite("decode", 0, "node", "kubernetes.io/hostname", "h100-0", ("h100-0",))
     pod = pod_template(spec, owner, "decode", site, RuntimeSettings(runtime_image=runtime_image))
     return pod, engine_config(spec, "decode")
+
+
+def rendered_router_pod(runtime_image: str) -> dict[str, Any]:
+    """The router Deployment's pod spec for the example with the runtime image as spec.router.image."""
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    obj["spec"].setdefault("router", {})["image"] = runtime_image
+    spec = MoEDeploymentSpec.model_validate(obj["spec"])
+    owner = Owner(obj["metadata"]["name"], "default", OWNER_UID)
+    (deployment,) = [o for o in router_objects(spec, owner) if o["kind"] == "Deployment"]
+    pod: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    return pod
 
 
 def pod_env(container: dict[str, Any]) -> dict[str, str]:
@@ -200,6 +221,62 @@ def test_print_args_from_the_copy_matches_the_checkout(
     expected = [a.replace(str(state), "/tmp/moe-state") for a in json.loads(host.stdout)["argv"]]
     assert in_image == expected
     assert in_image[:3] == ["python3", "-m", "sglang.launch_server"]
+
+
+def test_runtime_image_passes_the_router_version_check(
+    image_store: Store, runtime_container: str, built_images: BuiltImages
+) -> None:
+    """The router pod's init container, as rendered, in the runtime image: the pinned router is
+    the one the operator checks flags for; the same check refuses another version."""
+    pins = (REPO / "docker" / "versions.env").read_text()
+    assert f"\nSGLANG_ROUTER_VERSION={router_catalog().version}\n" in f"\n{pins}\n"
+    pod = rendered_router_pod(built_images.image("runtime"))
+    (check,) = pod["initContainers"]
+    assert check["image"] == built_images.image("runtime")
+    res = image_store.run(runtime_container, check["command"])
+    assert res.returncode == 0, res.stderr
+    res = image_store.run(runtime_container, [*check["command"][:-1], "0.0.1"])
+    assert res.returncode == 1 and "spec.router.image" in res.stderr, res.stderr
+    packages = built_images.packages("runtime").split("# base image")[1]
+    assert re.search(rf"^sglang-router=={re.escape(router_catalog().version)}$", packages, re.M), packages
+
+
+def test_router_serves_from_the_runtime_image(
+    image_store: Store, runtime_container: str, built_images: BuiltImages, tmp_path: Path
+) -> None:
+    """The rendered router command in the runtime image (listen ports moved to loopback ports of
+    this test, its volumes as fresh directories, the pod's user): /liveness answers 200 and
+    /readiness 503 while no worker is up."""
+    pod = rendered_router_pod(built_images.image("runtime"))
+    (router,) = pod["containers"]
+    assert router["image"] == built_images.image("runtime")
+    argv = list(router["command"])
+    moved = {"--host": "127.0.0.1", "--port": str(ROUTER_PORT), "--prometheus-port": str(ROUTER_METRICS_PORT)}
+    argv = [moved.get(argv[i - 1], a) if i else a for i, a in enumerate(argv)]
+    volumes = []
+    for mount in router.get("volumeMounts", []):
+        host = tmp_path / mount["name"]
+        host.mkdir(mode=0o777)
+        host.chmod(0o777)
+        volumes.append(f"{host}:{mount['mountPath']}")
+    security = pod.get("securityContext", {})
+    user = f"{security['runAsUser']}:{security['runAsGroup']}" if "runAsUser" in security else None
+    log = tmp_path / "router.log"
+    proc = image_store.start(runtime_container, argv, log, volumes=volumes, user=user)
+    base = f"http://127.0.0.1:{ROUTER_PORT}"
+
+    def live() -> bool:
+        assert proc.poll() is None, f"router exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
+        try:
+            return httpx.get(f"{base}/liveness", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(live, 90, what="router /liveness in the runtime image")
+        assert httpx.get(f"{base}/readiness", timeout=2).status_code == 503
+    finally:
+        stop(proc)
 
 
 CASES = sorted(p.stem for p in GOLDEN.glob("*.json") if not p.name.endswith(".args.json"))
