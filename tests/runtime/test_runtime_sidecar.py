@@ -4,6 +4,7 @@ windows from the plugin spool and (static mode) from SGLang's recorder dumps; pl
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -231,6 +232,47 @@ def test_windows_from_the_plugin_spool(tmp_path: Path) -> None:
             assert "moe_runtime_plugin_hook_seconds 0.002" in metrics
             # GPU loads 35, 25, 30, 10 (x3): copies on GPUs 0, 2, 3 serve ranks 0+1, 2, 3
             assert metric(metrics, "moe_runtime_layer_balancedness", layer="1") == pytest.approx(25 / 35)
+
+    asyncio.run(run())
+
+
+def test_windows_are_scored_off_the_event_loop_so_the_probes_keep_answering(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scoring the placement on a window can take seconds (static dispatch at EP72: the first
+    score of a new map). The probes share the event loop, so scoring must not run there: here it
+    waits until the probe has answered, which it could not if it held the loop."""
+
+    async def run() -> None:
+        async with sidecar(tmp_path) as (side, c):
+            scoring, release = threading.Event(), threading.Event()
+            waited: list[bool] = []
+            real = side.state.evaluate
+
+            def slow(counts: Any) -> Any:
+                scoring.set()
+                waited.append(release.wait(10))
+                return real(counts)
+
+            monkeypatch.setattr(side.state, "evaluate", slow)
+            counts = np.full((3, 8), 10, dtype=np.int64)
+            meta = {"num_gpus": 4, "num_physical": 12}
+            exchange.write_window(side.opts.state_dir, exchange.WindowRecord(counts, 10, 0.0, 1.0, meta))
+
+            async def started() -> bool:
+                return scoring.is_set()
+
+            await until(started)
+            assert (await c.probes.get("/healthz")).status_code == 200
+            assert (await c.probes.get("/readyz")).status_code == 200
+            assert (await c.api.get("/v1/status")).status_code == 200
+            release.set()
+
+            async def scored() -> bool:
+                return metric(await c.scrape(), "moe_runtime_balancedness") is not None
+
+            await until(scored)
+            assert waited == [True], "scoring held the event loop: the probes could not answer"
 
     asyncio.run(run())
 

@@ -3,20 +3,23 @@ engine health, and in static mode the recorder dumps).
 
 The spool loop costs one directory listing per ``poll_s`` when idle; a window costs one
 .npz read and a numpy evaluation (see ``moe-runtime bench``). Nothing slow runs on the
-event loop: a recorder dump (up to ~60 MB) is parsed on a worker thread, so the probe
-listener keeps answering while it is read.
+event loop, which also serves the probes: ingesting a window, scoring the placement on it
+(with static dispatch at EP72 the first score of a new map takes seconds) and reading a
+recorder dump (up to ~60 MB) run on one worker thread, in order, so the probe listener keeps
+answering meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -31,6 +34,7 @@ from moe_runtime.sidecar.metrics import RuntimeMetrics
 from moe_runtime.sidecar.state import DEFAULT_RING, EngineLayout, SidecarState
 
 log = logging.getLogger("moe_runtime.sidecar")
+T = TypeVar("T")
 
 API_LIMITS = Limits(max_connections=64, header_timeout_s=5.0, lifetime_s=60.0)
 PROBE_LIMITS = Limits(max_connections=32, header_timeout_s=2.0, lifetime_s=10.0, max_body=0)
@@ -97,6 +101,8 @@ class Sidecar:
         ]
         self.metrics.listener_stats = lambda: {lst.name: lst.stats for lst in self.listeners}
         self._tasks: list[asyncio.Task[None]] = []
+        # windows are ingested and scored here, one at a time, never on the event loop
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="moe-sidecar-ingest")
 
     @property
     def load_source(self) -> str:
@@ -133,6 +139,11 @@ class Sidecar:
                 await task
         for lst in self.listeners:
             await lst.stop()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    async def off_loop(self, fn: Callable[..., T], *args: object) -> T:
+        """Run ``fn`` on the ingest worker (state changes from windows happen there, in order)."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
 
     def set_draining(self) -> None:
         self.state.draining = True
@@ -141,8 +152,12 @@ class Sidecar:
 
     def ingest(self, records: list[exchange.WindowRecord]) -> None:
         for record in records:
+            # score first (the slow part): a window then shows in the API and in the metrics together
+            last = record is records[-1]
+            evaluation = self.state.evaluate(record.counts) if last else None
             window = self.state.ingest(record)
-            evaluation = self.state.evaluate(record.counts) if record is records[-1] else None
+            if last and evaluation is None:  # the first window may have taught the layout
+                evaluation = self.state.evaluate(record.counts)
             self.metrics.observe_window(window, evaluation)
 
     def poll_once(self) -> int:
@@ -163,7 +178,7 @@ class Sidecar:
 
     async def _poll_loop(self) -> None:
         while True:
-            self.poll_once()
+            await self.off_loop(self.poll_once)
             await asyncio.sleep(self.opts.poll_s)
 
     # ------------------------------------------------------------ engine health
@@ -216,11 +231,9 @@ class Sidecar:
                         continue
                     await self._engine_post(session, source.engine_url + recorder.DUMP_PATH)
                     now = time.time()
-                    record = await asyncio.to_thread(self._read_dumps, source.directory, since, now)
+                    took = await self.off_loop(self._take_dump, source.directory, since, now)
                     since = now
-                    if record is not None:
-                        self.ingest([record])
-                    self.metrics.recorder_dumps.labels("ok" if record is not None else "empty").inc()
+                    self.metrics.recorder_dumps.labels("ok" if took else "empty").inc()
                 except Exception as exc:  # the engine restarts, a file is bad: count it, go on
                     recording = False
                     self.metrics.recorder_dumps.labels("failed").inc()
@@ -233,6 +246,13 @@ class Sidecar:
             if resp.status != 200:
                 text = (await resp.text())[:200]
                 raise RuntimeError(f"POST {url} answered {resp.status}: {text}")
+
+    def _take_dump(self, directory: Path, since: float, now: float) -> bool:
+        """Read the newest dump and ingest it as a window (on the worker); False when empty."""
+        record = self._read_dumps(directory, since, now)
+        if record is not None:
+            self.ingest([record])
+        return record is not None
 
     def _read_dumps(self, directory: Path, since: float, now: float) -> exchange.WindowRecord | None:
         """The newest dump as a window (older ones are a previous round's leftovers); files removed."""
