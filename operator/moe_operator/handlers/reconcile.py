@@ -123,7 +123,7 @@ def _steps(t: Target) -> None:
     group_objects = [c for c in children if c["kind"] == backend]
     if not ensure_token(t):
         return
-    plan = plan_instances(t, spec, group_objects)
+    plan = place_groups(t, spec, group_objects)
     monitoring = monitoring_kinds(t, spec)
     desired = render_children(
         spec, t.owner, plan, t.op.settings, placement_versions(t.status), backend, monitoring
@@ -200,7 +200,7 @@ def monitoring_skipped(kinds: list[str], served: frozenset[str]) -> str:
     )
 
 
-def plan_instances(t: Target, spec: MoEDeploymentSpec, group_objects: list[dict[str, Any]]) -> TopologyPlan:
+def place_groups(t: Target, spec: MoEDeploymentSpec, group_objects: list[dict[str, Any]]) -> TopologyPlan:
     """Snapshot, plan and claim under one process-wide lock: two deployments planned at once would
     otherwise take the same free nodes, and the loser would move (and restart) on its next reconcile."""
     uid = t.owner.uid
