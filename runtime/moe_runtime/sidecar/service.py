@@ -92,7 +92,8 @@ class Sidecar:
         self.metrics = RuntimeMetrics(self.state, registry)
         ident = opts.identity
         self.metrics.info.labels(ident.get("instance", ""), ident.get("role", ""), __version__).set(1)
-        self.app = api_app(self.state, self.metrics, TokenFile(opts.token_file), ident, opts.policy)
+        token = TokenFile(opts.token_file, str(ident.get("instance", "")))  # digests are per instance
+        self.app = api_app(self.state, self.metrics, token, ident, opts.policy)
         self.app[EXTRA_STATUS_KEY]["load_source"] = self.load_source
         self.listeners = [
             Listener("api", self.app, opts.host, opts.port, API_LIMITS),
