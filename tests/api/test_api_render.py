@@ -24,8 +24,11 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
+GRANTS = ("--policy", str(REPO / "policies" / "platform" / "examples.yaml"))  # what the examples need
+
+
 def render(capsys: pytest.CaptureFixture[str], *argv: str, code: int = 0) -> list[dict[str, Any]]:
-    assert main(["render", *argv]) == code
+    assert main(["render", *GRANTS, *argv]) == code
     out = capsys.readouterr().out
     return [d for d in yaml.safe_load_all(out) if d]
 
@@ -60,7 +63,7 @@ def test_render_yaml_and_json_agree_and_are_stable(capsys: pytest.CaptureFixture
     """-o json is the same objects as a List; the namespace option applies to every object."""
     example = REPO / "examples" / "qwen3-30b-a3b-single-node.yaml"
     objects = render(capsys, "-f", str(example), "-n", "inference")
-    assert main(["render", "-f", str(example), "-n", "inference", "-o", "json"]) == 0
+    assert main(["render", *GRANTS, "-f", str(example), "-n", "inference", "-o", "json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert listed["kind"] == "List" and listed["items"] == objects
     assert {o["metadata"]["namespace"] for o in objects} == {"inference"}
@@ -90,7 +93,7 @@ def test_render_against_a_nodes_file_reports_waiting(
     path = tmp_path / "nodes.yaml"
     path.write_text(yaml.safe_dump(nodes))
     example = str(REPO / "examples" / "deepseek-v3-pd-h100.yaml")
-    assert main(["render", "-f", example, "--nodes", str(path)]) == 3
+    assert main(["render", *GRANTS, "-f", example, "--nodes", str(path)]) == 3
     captured = capsys.readouterr()
     objects = [d for d in yaml.safe_load_all(captured.out) if d]
     assert [o["kind"] for o in objects].count("StatefulSet") < 3, "no group for an instance that waits"
@@ -102,10 +105,24 @@ def test_render_refuses_an_invalid_spec(tmp_path: Path, capsys: pytest.CaptureFi
     doc["spec"]["decode"]["extraArgs"] = ["--cuda-graph-max-bs", "128"]
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(doc))
-    assert main(["render", "-f", str(path)]) == 1
+    assert main(["render", *GRANTS, "-f", str(path)]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "spec.decode.extraArgs[0]" in captured.err and "ambiguous" in captured.err
+
+
+def test_render_applies_the_platform_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    """The same grants as the operator's: refused under the defaults (the message points at
+    --policy), admitted with the examples' grants, refused again in a namespace they do not cover."""
+    example = str(REPO / "examples" / "deepseek-v3-pd-h100.yaml")
+    assert main(["render", "-f", example]) == 1
+    err = capsys.readouterr().err
+    assert "spec.topology.hostNetwork" in err and "see --policy" in err
+    assert main(["render", *GRANTS, "-f", example]) == 0
+    capsys.readouterr()
+    assert main(["render", *GRANTS, "-f", example, "-n", "web"]) == 1
+    assert "platform.hostNetworkNamespaces" in capsys.readouterr().err
+    assert main(["render", "--policy", "/nonexistent.yaml", "-f", example]) == 2
 
 
 # --------------------------------------------------------------------------- the router

@@ -56,7 +56,18 @@ def engine_parser() -> argparse.ArgumentParser:
 @functools.cache
 def _rendered(example: Path, backend: str) -> str:
     res = subprocess.run(
-        [sys.executable, "-m", "moe_operator.cli", "render", "-f", str(example), "--group-backend", backend],
+        [
+            sys.executable,
+            "-m",
+            "moe_operator.cli",
+            "render",
+            "-f",
+            str(example),
+            "--group-backend",
+            backend,
+            "--policy",
+            str(example.parents[1] / "policies" / "platform" / "examples.yaml"),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -13,8 +13,12 @@ from moe_operator.cli import main
 REPO = Path(__file__).resolve().parents[2]
 
 
+GRANTS = ("--policy", str(REPO / "policies" / "platform" / "examples.yaml"))  # what the examples need
+
+
 def test_plan_gb200_example_uses_one_clique_per_instance(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "-f", str(REPO / "examples" / "deepseek-v3-gb200.yaml"), "-o", "json"]) == 0
+    example = str(REPO / "examples" / "deepseek-v3-gb200.yaml")
+    assert main(["plan", *GRANTS, "-f", example, "-o", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert not out["waiting"]
     decode = [p for p in out["placements"] if p["pool"] == "decode"]
@@ -26,7 +30,7 @@ def test_plan_reports_waiting_with_exit_code_3(tmp_path: Path, capsys: pytest.Ca
     doc["spec"]["decode"]["replicas"] = 3  # two racks of 16: the third 9-node instance cannot fit
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(doc))
-    assert main(["plan", "-f", str(spec)]) == 3
+    assert main(["plan", *GRANTS, "-f", str(spec)]) == 3
     assert (
         "decode     2  WAITING  decode instance 2 needs 9 nodes with 8 free GPUs" in capsys.readouterr().out
     )

@@ -78,12 +78,11 @@ def _print(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from moe_operator.validation import PlatformPolicy, PolicyError, validate
+    from moe_operator.cli.policy import load_policy
+    from moe_operator.validation import validate
 
-    try:
-        policy = PlatformPolicy.from_file(args.policy) if args.policy else PlatformPolicy()
-    except PolicyError as exc:
-        print(f"{args.policy}: {exc}", file=sys.stderr)
+    policy = load_policy(args)
+    if policy is None:
         return 2
     refused = 0
     for path in args.files:
@@ -104,6 +103,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 def register(subparsers: Any) -> None:
     """Add `crds` with generate, check, print and validate to the moe-operator command line."""
+    from moe_operator.cli.policy import add_policy_args
+
     parser = subparsers.add_parser(
         "crds",
         help="generate or check the MoEDeployment CRD (crds/) and the docs/api.md field reference",
@@ -131,18 +132,5 @@ def register(subparsers: Any) -> None:
         help="run the admission rules on MoEDeployment manifests without a cluster; exit 1 if refused",
     )
     validate.add_argument("files", nargs="+", type=Path, help="YAML files (several documents allowed)")
-    validate.add_argument(
-        "--policy",
-        type=Path,
-        default=None,
-        help="the platform's limits, as the chart's platform: block or a values file holding one "
-        "(default: the operator's safe defaults)",
-    )
-    validate.add_argument(
-        "--namespace",
-        "-n",
-        default=None,
-        help="namespace the manifests are applied to (default: each one's metadata.namespace); "
-        "platform grants such as hostNetworkNamespaces depend on it",
-    )
+    add_policy_args(validate)
     validate.set_defaults(func=_validate)

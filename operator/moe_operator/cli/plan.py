@@ -12,6 +12,8 @@ import yaml
 
 
 def register(subparsers: Any) -> None:
+    from moe_operator.cli.policy import add_policy_args
+
     p = subparsers.add_parser(
         "plan",
         help="print where every engine instance of a MoEDeployment would run (no cluster needed)",
@@ -24,6 +26,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-f", "--filename", type=Path, required=True, help="MoEDeployment YAML")
     p.add_argument("--nodes", type=Path, default=None, help="node pools file or Node list YAML")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    add_policy_args(p)
     p.set_defaults(func=_plan)
 
 
@@ -49,6 +52,7 @@ def load_nodes(path: Path | None) -> list[dict[str, Any]]:
 
 def _plan(args: argparse.Namespace) -> int:
     from moe_operator.api import MoEDeploymentSpec
+    from moe_operator.cli.policy import load_policy, refusal_hint
     from moe_operator.topology.planner import plan_topology
     from moe_operator.topology.requests import pool_requests, topology_policy
     from moe_operator.topology.snapshot import node_from_object
@@ -56,10 +60,14 @@ def _plan(args: argparse.Namespace) -> int:
 
     doc = yaml.safe_load(args.filename.read_text())
     raw_spec = doc.get("spec", doc)
-    problems = validate(raw_spec, None)
+    namespace = str(args.namespace or (doc.get("metadata") or {}).get("namespace") or "default")
+    policy = load_policy(args)
+    if policy is None:
+        return 2
+    problems = validate(raw_spec, None, policy, namespace)
     if problems:
         for problem in problems:
-            print(f"{problem.field}: {problem.message}", file=sys.stderr)
+            print(str(problem) + refusal_hint(args), file=sys.stderr)
         return 1
     spec = MoEDeploymentSpec.model_validate(raw_spec)
     nodes = [node_from_object(o) for o in load_nodes(args.nodes)]

@@ -20,6 +20,10 @@ from typing import Any
 
 import yaml
 
+from moe_operator.render.network import SelectorError
+from moe_operator.render.network import add_flags as add_network_flags
+from moe_operator.render.network import from_args as network_from_args
+
 TOKEN_PLACEHOLDER = "generated-by-the-operator-at-the-first-reconcile"
 
 
@@ -36,6 +40,8 @@ _Dumper.add_representer(str, _str)
 
 
 def register(subparsers: Any) -> None:
+    from moe_operator.cli.policy import add_policy_args
+
     p = subparsers.add_parser(
         "render",
         help="print every child object the operator would create for a MoEDeployment (no cluster needed)",
@@ -44,12 +50,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("-f", "--filename", type=Path, required=True, help="MoEDeployment YAML")
     p.add_argument("--nodes", type=Path, default=None, help="node pools file or Node list YAML")
-    p.add_argument(
-        "-n",
-        "--namespace",
-        default=None,
-        help="namespace of the MoEDeployment (default: its own, else default)",
-    )
+    add_policy_args(p)
     p.add_argument(
         "--group-backend",
         choices=["StatefulSet", "LeaderWorkerSet"],
@@ -63,12 +64,14 @@ def register(subparsers: Any) -> None:
         help="the operator's --runtime-image (default: the operator's default)",
     )
     p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    add_network_flags(p)  # the operator's --network-policy ... flags, with its defaults
     p.set_defaults(func=_render)
 
 
 def _render(args: argparse.Namespace) -> int:
     from moe_operator.api import MoEDeploymentSpec
     from moe_operator.cli.plan import load_nodes
+    from moe_operator.cli.policy import load_policy, refusal_hint
     from moe_operator.render.children import render_children
     from moe_operator.render.group import GroupBackend, Owner, RuntimeSettings
     from moe_operator.render.shared import token_secret
@@ -82,19 +85,31 @@ def _render(args: argparse.Namespace) -> int:
         print(f"{args.filename}: not a MoEDeployment", file=sys.stderr)
         return 1
     raw_spec = doc.get("spec", doc)
-    problems = validate(raw_spec, None)
-    if problems:
-        for problem in problems:
-            print(str(problem), file=sys.stderr)
-        return 1
-    spec = MoEDeploymentSpec.model_validate(raw_spec)
     metadata = doc.get("metadata") or {}
     name = str(metadata.get("name") or args.filename.stem)
     namespace = str(args.namespace or metadata.get("namespace") or "default")
+    policy = load_policy(args)
+    if policy is None:
+        return 2
+    problems = validate(raw_spec, None, policy, namespace)
+    if problems:
+        for problem in problems:
+            print(str(problem) + refusal_hint(args), file=sys.stderr)
+        return 1
+    spec = MoEDeploymentSpec.model_validate(raw_spec)
     owner = Owner(
         name, namespace, str(uuid.uuid5(uuid.NAMESPACE_URL, f"moe.inference.dev/{namespace}/{name}"))
     )
-    settings = RuntimeSettings(runtime_image=args.runtime_image) if args.runtime_image else RuntimeSettings()
+    try:
+        network = network_from_args(args)
+    except SelectorError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    settings = (
+        RuntimeSettings(runtime_image=args.runtime_image, network=network)
+        if args.runtime_image
+        else RuntimeSettings(network=network)
+    )
     wanted = args.group_backend or spec.topology.group_backend
     backend: GroupBackend = "LeaderWorkerSet" if wanted == "LeaderWorkerSet" else "StatefulSet"
     nodes = [node_from_object(o) for o in load_nodes(args.nodes)]
