@@ -36,3 +36,31 @@ TWO_CLIQUE_PLAN = TopologyPlan(
     ),
     waiting=(),
 )
+
+
+def example_spec(name: str) -> MoEDeploymentSpec:
+    """An example under examples/ (by file name) as a spec."""
+    return MoEDeploymentSpec.model_validate(yaml.safe_load((REPO / "examples" / name).read_text())["spec"])
+
+
+EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.yaml"))
+
+
+def example_children(name: str, settings: Any = None, backend: str = "StatefulSet") -> list[dict[str, Any]]:
+    """Every child the reconciler renders for an example, planned on the sandbox's default node pools
+    (as `moe-operator render` does), owned by m/inference."""
+    from moe_operator.render.children import render_children
+    from moe_operator.render.group import Owner, RuntimeSettings
+    from moe_operator.topology import nodepools
+    from moe_operator.topology.planner import plan_topology
+    from moe_operator.topology.requests import pool_requests, topology_policy
+    from moe_operator.topology.snapshot import node_from_object
+
+    spec = example_spec(name)
+    objects = nodepools.render_nodes(nodepools.load())
+    for o in objects:
+        o["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    plan = plan_topology(pool_requests(spec), [node_from_object(o) for o in objects], topology_policy(spec))
+    assert not plan.waiting, plan.waiting
+    owner = Owner("m", "inference", "uid-1")
+    return render_children(spec, owner, plan, settings or RuntimeSettings(), None, backend)  # type: ignore[arg-type]

@@ -274,6 +274,7 @@ EXPECTED_NAMESPACED_RULES: dict[tuple[str, str, str], set[str]] = {
             ("apps", "deployments"),
             ("leaderworkerset.x-k8s.io", "leaderworkersets"),
             ("policy", "poddisruptionbudgets"),
+            ("networking.k8s.io", "networkpolicies"),
             ("monitoring.coreos.com", "podmonitors"),
             ("monitoring.coreos.com", "prometheusrules"),
         ]
@@ -412,6 +413,7 @@ def test_rbac_covers_every_kind_the_operator_writes() -> None:
         "Deployment",
         "ServiceAccount",
         "PodMonitor",
+        "NetworkPolicy",
     }
     plural = {
         "ConfigMap": "configmaps",
@@ -421,6 +423,7 @@ def test_rbac_covers_every_kind_the_operator_writes() -> None:
         "Deployment": "deployments",
         "LeaderWorkerSet": "leaderworkersets",
         "PodDisruptionBudget": "poddisruptionbudgets",
+        "NetworkPolicy": "networkpolicies",
         "PodMonitor": "podmonitors",
         "PrometheusRule": "prometheusrules",
     }
@@ -477,7 +480,7 @@ def test_monitors_select_the_right_pods() -> None:
         "app.kubernetes.io/name": "moe-engine",
     }
     endpoints = engines["spec"]["podMetricsEndpoints"]
-    assert [e["port"] for e in endpoints] == ["http", "runtime"]  # SGLang's /metrics and the sidecar's
+    assert [e["port"] for e in endpoints] == ["http", "metrics"]  # SGLang's /metrics and the runtime's
     for endpoint in endpoints:
         relabel = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
         assert relabel["deployment"] == ["__meta_kubernetes_pod_label_moe_inference_dev_deployment"]
@@ -486,13 +489,14 @@ def test_monitors_select_the_right_pods() -> None:
 
 def test_engine_pod_monitor_matches_rendered_engine_pods() -> None:
     """The example PodMonitor's selector, port and relabeling match what the operator renders."""
-    from moe_contract.pod import SIDECAR_PORT
+    from moe_contract.pod import METRICS_PORT, METRICS_PORT_NAME
     from moe_operator.api import keys
     from moe_operator.render import labels
+    from moe_operator.render.group import engine_ports
+    from render_cases import gb200_decode_spec
 
-    assert SIDECAR_PORT == 9400
-    source = (ROOT / "operator" / "moe_operator" / "render" / "group.py").read_text()
-    assert '{"name": "runtime", "containerPort": SIDECAR_PORT}' in source
+    ports = {p["name"]: p["containerPort"] for p in engine_ports(gb200_decode_spec(), "decode")}
+    assert ports[METRICS_PORT_NAME] == METRICS_PORT == 9402  # the chart names the port, 9402 in comments
     assert labels.base_labels("x", "decode")["app.kubernetes.io/managed-by"] == keys.MANAGED_BY
     engines = one(objects(template("monitoring.enginePodMonitor.enabled=true")), "PodMonitor")
     assert engines["spec"]["selector"]["matchLabels"] == {

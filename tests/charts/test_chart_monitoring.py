@@ -1,5 +1,5 @@
 """The chart's monitoring objects against what the operator renders: the engine PodMonitor scrapes
-SGLang (port http) and the sidecar (port runtime) on every engine pod and nothing on the router;
+SGLang (port http) and the runtime (port metrics, not the API port) on every engine pod and nothing on the router;
 the operator's monitors keep its series' namespace label (honorLabels)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from test_chart import CHART, helm, objects, one, template
 
-from moe_contract.pod import SIDECAR_PORT
+from moe_contract.pod import METRICS_PORT
 from moe_operator.api import keys as K
 from moe_operator.render.children import render_children
 from moe_operator.render.engine import engine_config
@@ -25,17 +25,17 @@ def rendered_pods() -> list[dict]:
     return out
 
 
-def test_engine_pod_monitor_scrapes_sglang_and_sidecar_of_every_engine_pod() -> None:
+def test_engine_pod_monitor_scrapes_sglang_and_runtime_metrics_of_every_engine_pod() -> None:
     spec = gb200_decode_spec()
     monitor = one(objects(template("monitoring.enginePodMonitor.enabled=true")), "PodMonitor")
     pods = rendered_pods()
     engine_pods = [p for p in pods if K.POOL in p["metadata"]["labels"]]
     assert engine_pods and len(engine_pods) < len(pods), "the render has engine and router pods"
     scraped = targets(monitor, pods)
-    assert set(scraped) == {"http", "runtime"}
+    assert set(scraped) == {"http", "metrics"}
     assert [port for port, _ in scraped["http"]] == [spec.engine.port] * len(engine_pods)
-    assert [port for port, _ in scraped["runtime"]] == [SIDECAR_PORT] * len(engine_pods)
-    for _port, labels in scraped["http"] + scraped["runtime"]:
+    assert [port for port, _ in scraped["metrics"]] == [METRICS_PORT] * len(engine_pods)
+    for _port, labels in scraped["http"] + scraped["metrics"]:
         assert labels["deployment"] == "m" and labels["pool"] == "decode"
     assert engine_config(spec, "decode")["enableMetrics"] is True
 

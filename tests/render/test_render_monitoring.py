@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from moe_contract.pod import SIDECAR_PORT
+from moe_contract.pod import METRICS_PORT, SIDECAR_PORT
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.render.alert_rules import Scope, Thresholds, alert_groups
@@ -48,9 +48,10 @@ def test_pod_monitor_scrapes_sglang_sidecar_and_router_of_every_pod() -> None:
     monitor = pod_monitor(spec, OWNER)
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and monitor["kind"] == "PodMonitor"
     assert REQUIRED_RESOURCES["PodMonitor"] == "podmonitors"
-    endpoints = {e["port"]: e for e in monitor["spec"]["podMetricsEndpoints"]}
-    assert set(endpoints) == {"http", "runtime", "metrics"}
-    assert all(e["path"] == "/metrics" for e in endpoints.values())
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    # SGLang's port, the runtime's metrics listener and the router's: never the API port `runtime`.
+    assert [e["port"] for e in endpoints] == ["http", "metrics", "metrics"]
+    assert all(e["path"] == "/metrics" for e in endpoints)
     assert all(selects(monitor, pod) for pod in pods(spec)), (
         "the PodMonitor selects every pod of the deployment"
     )
@@ -59,11 +60,12 @@ def test_pod_monitor_scrapes_sglang_sidecar_and_router_of_every_pod() -> None:
     # SGLang's /metrics on every engine pod (leaders and workers), on spec.engine.port; never the router.
     assert len(scraped["http"]) == len(engine_pods) == 2
     assert {port for port, _ in scraped["http"]} == {spec.engine.port}
-    assert {port for port, _ in scraped["runtime"]} == {SIDECAR_PORT}
-    assert [port for port, _ in scraped["metrics"]] == [29000]
-    for _port, target in scraped["http"] + scraped["runtime"]:
+    assert "runtime" not in scraped and SIDECAR_PORT not in {port for t in scraped.values() for port, _ in t}
+    runtime = [(port, t) for port, t in scraped["metrics"] if port != 29000]
+    assert [port for port, _ in runtime] == [METRICS_PORT] * len(engine_pods)
+    for _port, target in scraped["http"] + runtime:
         assert target["deployment"] == "m" and target["pool"] == "decode" and target["pod"]
-    (router_target,) = [t for _, t in scraped["metrics"]]
+    (router_target,) = [t for port, t in scraped["metrics"] if port == 29000]
     assert router_target["deployment"] == "m" and "pool" not in router_target
     # What the http endpoint scrapes exists: the engine runs with --enable-metrics.
     assert engine_config(spec, "decode")["enableMetrics"] is True

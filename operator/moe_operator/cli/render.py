@@ -20,6 +20,10 @@ from typing import Any
 
 import yaml
 
+from moe_operator.render.network import SelectorError
+from moe_operator.render.network import add_flags as add_network_flags
+from moe_operator.render.network import from_args as network_from_args
+
 TOKEN_PLACEHOLDER = "generated-by-the-operator-at-the-first-reconcile"
 
 
@@ -60,6 +64,7 @@ def register(subparsers: Any) -> None:
         help="the operator's --runtime-image (default: the operator's default)",
     )
     p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    add_network_flags(p)  # the operator's --network-policy ... flags, with its defaults
     p.set_defaults(func=_render)
 
 
@@ -95,7 +100,16 @@ def _render(args: argparse.Namespace) -> int:
     owner = Owner(
         name, namespace, str(uuid.uuid5(uuid.NAMESPACE_URL, f"moe.inference.dev/{namespace}/{name}"))
     )
-    settings = RuntimeSettings(runtime_image=args.runtime_image) if args.runtime_image else RuntimeSettings()
+    try:
+        network = network_from_args(args)
+    except SelectorError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    settings = (
+        RuntimeSettings(runtime_image=args.runtime_image, network=network)
+        if args.runtime_image
+        else RuntimeSettings(network=network)
+    )
     wanted = args.group_backend or spec.topology.group_backend
     backend: GroupBackend = "LeaderWorkerSet" if wanted == "LeaderWorkerSet" else "StatefulSet"
     nodes = [node_from_object(o) for o in load_nodes(args.nodes)]

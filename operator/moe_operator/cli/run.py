@@ -13,6 +13,9 @@ from typing import Any
 
 from moe_operator.api import keys as K
 from moe_operator.cli.webhook import certificate_source, watch_certificate, webhook_files
+from moe_operator.render.network import NetworkSettings, SelectorError
+from moe_operator.render.network import add_flags as add_network_flags
+from moe_operator.render.network import from_args as network_from_args
 from moe_operator.validation.platform import PlatformPolicy, PolicyError
 from moe_operator.validation.platform import add_flags as add_platform_flags
 
@@ -77,6 +80,7 @@ def register(subparsers: Any) -> None:
         help="image whose /opt/moe-runtime is copied into engine pods",
     )
     add_platform_flags(p)
+    add_network_flags(p)
     p.add_argument(
         "--apply-concurrency",
         type=int,
@@ -110,6 +114,16 @@ def platform_policy(args: argparse.Namespace) -> PlatformPolicy:
         raise SystemExit(f"moe-operator run: the platform policy is refused: {exc}") from exc
     logging.getLogger(__name__).info(f"platform policy: {policy.to_values()}")
     return policy
+
+
+def network_settings(args: argparse.Namespace) -> NetworkSettings:
+    """The engine pods' NetworkPolicy settings from the flags; a bad selector stops the operator."""
+    try:
+        net = network_from_args(args)
+    except SelectorError as exc:
+        raise SystemExit(f"moe-operator run: {exc}") from exc
+    logging.getLogger(__name__).info(f"network policy: {net}")
+    return net
 
 
 OPTIONAL_APIS = {
@@ -179,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
             apply_concurrency=args.apply_concurrency,
             on_request=lambda verb: metrics.counter("moe_operator_api_requests_total", verb).inc(),
         ),
-        settings=RuntimeSettings(runtime_image=args.runtime_image),
+        settings=RuntimeSettings(runtime_image=args.runtime_image, network=network_settings(args)),
         metrics=metrics,
         wakeups=Wakeups(reconcile.RECONCILE_INTERVAL_S),
         platform=platform_policy(args),

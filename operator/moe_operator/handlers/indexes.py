@@ -200,6 +200,14 @@ async def pdb_index(name: str, namespace: str | None, body: kopf.Body, **_: Any)
     return _child("PodDisruptionBudget", name, namespace, body)
 
 
+@kopf.index("networkpolicies.networking.k8s.io", labels=MANAGED)
+async def networkpolicy_index(
+    name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[Any, Any] | None:
+    """Watched also while --no-network-policy: policies rendered earlier are then pruned."""
+    return _child("NetworkPolicy", name, namespace, body)
+
+
 CHILD_INDEXES = (
     "statefulset_index",
     "deployment_index",
@@ -207,6 +215,7 @@ CHILD_INDEXES = (
     "configmap_index",
     "serviceaccount_index",
     "pdb_index",
+    "networkpolicy_index",
     "leaderworkerset_index",
     "podmonitor_index",
     "prometheusrule_index",

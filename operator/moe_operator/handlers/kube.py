@@ -33,6 +33,7 @@ _KINDS = MappingProxyType(
         ("apps/v1", "StatefulSet"): ("/apis/apps/v1", "statefulsets"),
         ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
         ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
+        ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
         ("monitoring.coreos.com/v1", "PodMonitor"): ("/apis/monitoring.coreos.com/v1", "podmonitors"),
         ("monitoring.coreos.com/v1", "PrometheusRule"): ("/apis/monitoring.coreos.com/v1", "prometheusrules"),
         ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): (

@@ -16,6 +16,7 @@ API_VERSIONS: Mapping[str, str] = {
     "Deployment": "apps/v1",
     "LeaderWorkerSet": LWS_API_VERSION,
     "PodDisruptionBudget": "policy/v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
     "PodMonitor": "monitoring.coreos.com/v1",
     "PrometheusRule": "monitoring.coreos.com/v1",
 }

@@ -12,6 +12,7 @@ from moe_operator.render import labels as L
 from moe_operator.render.engine import eplb_mode
 from moe_operator.render.group import GroupBackend, Owner, RuntimeSettings, instance_objects
 from moe_operator.render.monitoring import monitoring_objects
+from moe_operator.render.network import network_objects
 from moe_operator.render.shared import (
     engine_config_map,
     pool_disruption_budget,
@@ -54,6 +55,7 @@ def render_children(
             if instance.pool == pool:
                 objects += instance_objects(spec, owner, pool, instance, settings, config_hash, boot, backend)
     objects += router_objects(spec, owner)
+    objects += network_objects(spec, owner, settings.network)
     objects += [o for o in monitoring_objects(spec, owner) if o["kind"] in monitoring]
     for obj in objects:
         annotations = obj["metadata"].setdefault("annotations", {})

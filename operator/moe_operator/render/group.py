@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from moe_contract import pod as P
-from moe_contract.pod import ENGINE_CONFIG_DIR, PLACEMENT_DIR, RUNTIME_DIR, SIDECAR_PORT, TOKEN_DIR
+from moe_contract.pod import ENGINE_CONFIG_DIR, PLACEMENT_DIR, RUNTIME_DIR, TOKEN_DIR
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import Pool, pool_layout, pools
 from moe_operator.api.names import API_VERSION, KIND
 from moe_operator.api.types import parse_duration
 from moe_operator.render import labels as L
+from moe_operator.render.network import NetworkSettings
 from moe_operator.topology.planner import InstanceSite
 
 LWS_API_VERSION = "leaderworkerset.x-k8s.io/v1"
@@ -47,6 +48,7 @@ class RuntimeSettings:
     """Operator-level settings of what runs in engine pods (not per MoEDeployment)."""
 
     runtime_image: str = "ghcr.io/moe-inference/moe-runtime:0.1.0"
+    network: NetworkSettings = field(default_factory=NetworkSettings)
 
 
 def engine_config_name(name: str, pool: str) -> str:
@@ -161,6 +163,56 @@ def low_port_sysctls(ports: list[int], host_network: bool) -> list[dict[str, str
     return [{"name": "net.ipv4.ip_unprivileged_port_start", "value": str(low)}]
 
 
+def engine_ports(spec: MoEDeploymentSpec, pool: Pool) -> list[dict[str, Any]]:
+    """The engine container's named ports: SGLang's HTTP and dist-init ports, the runtime's three
+    listeners (API, probes, metrics: moe_contract.pod), the prefill pool's KV bootstrap port."""
+    ports: list[dict[str, Any]] = [
+        {"name": "http", "containerPort": spec.engine.port},
+        {"name": "dist-init", "containerPort": spec.engine.dist_init_port},
+        {"name": P.SIDECAR_PORT_NAME, "containerPort": P.SIDECAR_PORT},
+        {"name": P.PROBE_PORT_NAME, "containerPort": P.PROBE_PORT},
+        {"name": P.METRICS_PORT_NAME, "containerPort": P.METRICS_PORT},
+    ]
+    if pool == "prefill":
+        ports.append({"name": "bootstrap", "containerPort": spec.kv_transfer.bootstrap_port})
+    return ports
+
+
+PROBE_PERIOD_S = 10
+"""Start-up and liveness probes: one every 10 s."""
+PROBE_TIMEOUT_S = 5
+"""A probe unanswered after 5 s fails. The probe listener answers in well under a second even with
+500 slow peers on the API port (tests/security/test_runtime_listener.py), and never waits on the
+engine (readiness is the last result of a background check), so 5 s means a stuck runtime."""
+LIVENESS_FAILURES = 6
+"""Six failed liveness probes in a row (a minute) restart the container, and so its whole group."""
+READINESS_PERIOD_S = 5
+READINESS_FAILURES = 2
+"""Two failed readiness probes (about 10 s) take the pod out of its Services."""
+
+
+def engine_probes(spec: MoEDeploymentSpec) -> dict[str, Any]:
+    """Kubelet probes on the runtime's probe listener (port ``probes``, never the API port): start-up
+    and liveness on /healthz (the runtime's event loop runs), readiness on /readyz (this rank's
+    engine answers). Every probe states its period, timeout and failure threshold: the kubelet's
+    default timeout is 1 s. The start-up probe allows spec.engine.startupTimeout."""
+    startup_periods = max(int(parse_duration(spec.engine.startup_timeout) // PROBE_PERIOD_S), 1)
+
+    def probe(path: str, period: int, failures: int) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": path, "port": P.PROBE_PORT_NAME},
+            "periodSeconds": period,
+            "timeoutSeconds": PROBE_TIMEOUT_S,
+            "failureThreshold": failures,
+        }
+
+    return {
+        "startupProbe": probe(P.LIVENESS_PATH, PROBE_PERIOD_S, startup_periods),
+        "readinessProbe": probe(P.READINESS_PATH, READINESS_PERIOD_S, READINESS_FAILURES),
+        "livenessProbe": probe(P.LIVENESS_PATH, PROBE_PERIOD_S, LIVENESS_FAILURES),
+    }
+
+
 def leader_address(owner: Owner, pool: str, index: int) -> str:
     inst = L.instance_name(owner.name, pool, index)
     return f"{inst}-0.{inst}.{owner.namespace}.svc.cluster.local"
@@ -187,15 +239,7 @@ def pod_template(
     topo = spec.topology
     resources = engine_resources(spec)
 
-    ports: list[dict[str, Any]] = [
-        {"name": "http", "containerPort": spec.engine.port},
-        {"name": "dist-init", "containerPort": spec.engine.dist_init_port},
-        {"name": "runtime", "containerPort": SIDECAR_PORT},
-    ]
-    if pool == "prefill":
-        ports.append({"name": "bootstrap", "containerPort": spec.kv_transfer.bootstrap_port})
-
-    startup_periods = max(int(parse_duration(spec.engine.startup_timeout) // 10), 1)
+    ports = engine_ports(spec, pool)
     mounts = [
         {"name": "runtime", "mountPath": RUNTIME_DIR, "readOnly": True},
         {"name": "engine-config", "mountPath": ENGINE_CONFIG_DIR, "readOnly": True},
@@ -276,17 +320,7 @@ def pod_template(
                 "resources": resources,
                 "volumeMounts": mounts,
                 "securityContext": engine_security_context(spec),
-                "startupProbe": {
-                    "httpGet": {"path": "/healthz", "port": SIDECAR_PORT},
-                    "periodSeconds": 10,
-                    "failureThreshold": startup_periods,
-                },
-                "readinessProbe": {"httpGet": {"path": "/readyz", "port": SIDECAR_PORT}, "periodSeconds": 5},
-                "livenessProbe": {
-                    "httpGet": {"path": "/healthz", "port": SIDECAR_PORT},
-                    "periodSeconds": 10,
-                    "failureThreshold": 6,
-                },
+                **engine_probes(spec),
             }
         ],
         "volumes": volumes,

@@ -5,9 +5,10 @@ the Prometheus Operator's CRDs (``REQUIRED_RESOURCES``), and prunes them with th
 children when the spec turns them off.
 
 The PodMonitor scrapes every engine pod on two ports, SGLang's own ``/metrics`` (``http``,
-spec.engine.port; the launcher always passes ``--enable-metrics``) and the runtime sidecar
-(``runtime``), and the router's metrics port (``metrics``); each endpoint relabels the pod labels
-to the ``deployment`` and ``pool`` labels the alert rules group by. The PrometheusRule holds the
+spec.engine.port; the launcher always passes ``--enable-metrics``) and the runtime's metrics
+listener (``metrics``, moe_contract.pod.METRICS_PORT; never the token-protected API port), and the
+router's metrics port (also named ``metrics``, told apart by the pods' app label); each endpoint
+relabels the pod labels to the ``deployment`` and ``pool`` labels the alert rules group by. The PrometheusRule holds the
 alerts of alert_rules scoped to this deployment, with its own balancedness threshold.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from moe_contract import pod as P
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.render import labels as L
@@ -55,11 +57,11 @@ def _endpoint(port: str, app: str, *, pool: bool) -> dict[str, Any]:
     if pool:
         relabelings.append({"sourceLabels": [meta_label(K.POOL)], "targetLabel": "pool"})
     relabelings.append({"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"})
-    return {"port": port, "path": "/metrics", "relabelings": relabelings}
+    return {"port": port, "path": P.METRICS_PATH, "relabelings": relabelings}
 
 
 def pod_monitor(spec: MoEDeploymentSpec, owner: Owner) -> dict[str, Any]:
-    """Engine pods' SGLang (port http) and sidecar (port runtime) metrics, the router's (port metrics)."""
+    """Engine pods' SGLang (port http) and runtime (port metrics) metrics, the router's (port metrics)."""
     return {
         "apiVersion": API_VERSION,
         "kind": "PodMonitor",
@@ -68,7 +70,7 @@ def pod_monitor(spec: MoEDeploymentSpec, owner: Owner) -> dict[str, Any]:
             "selector": {"matchLabels": {K.DEPLOYMENT: owner.name, K.MANAGED_BY_KEY: K.MANAGED_BY}},
             "podMetricsEndpoints": [
                 _endpoint("http", ENGINE_NAME, pool=True),
-                _endpoint("runtime", ENGINE_NAME, pool=True),
+                _endpoint(P.METRICS_PORT_NAME, ENGINE_NAME, pool=True),
                 _endpoint("metrics", ROUTER_NAME, pool=False),
             ],
         },
