@@ -5,7 +5,8 @@
 #   operator reports it Ready, shows where every engine instance landed, starts a replay
 #   runtime on each instance leader's IP and a real Prometheus with the project's alert
 #   rules, lets the imbalance alert fire on the trivial expert placement, lets the operator's
-#   control loop rebalance until it resolves, and prints a summary.
+#   control loop rebalance until it resolves, raises the decode pool's offered load until
+#   SGLang's latency histograms fire the TTFT and inter-token-latency alerts, and prints a summary.
 # Clean up with: bash e2e/demo.sh down
 # Two sandboxes coexist with different MOE_SANDBOX_PORT_BASE (default 16000) and MOE_SANDBOX_DIR.
 set -euo pipefail
@@ -15,8 +16,9 @@ step() { printf '\n==> [%3ss] %s\n' "$SECONDS" "$*" >&2; }
 demo() { .venv/bin/python e2e/demo/demo.py "$@"; }
 operator_running() { [ -f "$STATE/operator.pid" ] && kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null; }
 start_operator() {
+  # The example asks for host networking (RDMA, KV transfer); a platform grants it per namespace.
   nohup .venv/bin/moe-operator run --liveness "$OPERATOR_LIVENESS" --metrics-port "$OPERATOR_METRICS_PORT" \
-    --webhook-port "$WEBHOOK_PORT" >>"$STATE/operator.log" 2>&1 &
+    --webhook-port "$WEBHOOK_PORT" --host-network-namespaces default >>"$STATE/operator.log" 2>&1 &
   echo $! >"$STATE/operator.pid"
   demo wait-operator
   echo "operator pid $(cat "$STATE/operator.pid"), metrics on :$OPERATOR_METRICS_PORT"
@@ -106,6 +108,9 @@ demo rebalance
 step "waiting for the operator to publish placements and the alert to resolve"
 demo wait-resolved
 
+step "load step: the decode instances' offered load from 2 to 16 requests/s each (about twice their capacity)"
+demo load-step
+
 step "summary"
 "$KUBECTL" get moedeployments,statefulsets -o wide
 echo
@@ -116,5 +121,5 @@ uid=$("$KUBECTL" get moedeployment deepseek-v3 -o jsonpath='{.metadata.uid}')
 echo
 demo summary
 
-printf '\nEverything keeps running. Use it with:\n  export KUBECONFIG=%s\n  %s get moed,sts,pods\n  %s   (Prometheus: alerts, moe_runtime_balancedness)\nClean up with:\n  bash e2e/demo.sh down\n' \
+printf '\nEverything keeps running. Use it with:\n  export KUBECONFIG=%s\n  %s get moed,sts,pods\n  %s   (Prometheus: alerts, moe_runtime_balancedness, sglang:time_to_first_token_seconds_bucket)\nClean up with:\n  bash e2e/demo.sh down\n' \
   "$KUBECONFIG" "$KUBECTL" "$PROMETHEUS_URL"

@@ -8,6 +8,7 @@
     demo.py wait-fired          until the imbalance alert fires on the trivial placement
     demo.py rebalance           shorten spec.eplb's intervals so the control loop acts now
     demo.py wait-resolved       until every pool has a placement version and the alert resolved
+    demo.py load-step           raise the decode runtimes' offered load until the latency alerts fire
     demo.py summary             versions, balancedness before/after, alerts fired and resolved
     demo.py stop                stop the runtimes and Prometheus (pid files in the state dir)
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import os
 import shlex
 import shutil
@@ -43,9 +45,13 @@ from moe_sandbox.paths import state_dir
 
 REPO = Path(__file__).resolve().parents[2]
 ALERT = "MoEExpertImbalanceHigh"
+LATENCY_ALERTS = ("MoETimeToFirstTokenHigh", "MoEInterTokenLatencyHigh")
+TTFT = "sglang:time_to_first_token_seconds"
+ITL = "sglang:inter_token_latency_seconds"
 THRESHOLD = 0.7  # the rule's knob (policies/prometheus/moe-alerts.rules.yaml)
 DEFAULT_BASE = 16000
-SIDECAR_PORT = 9400
+SIDECAR_PORT = 9400  # the runtime API (port `runtime`)
+METRICS_PORT = 9402  # the runtime's metrics listener (port `metrics`)
 INTERVAL_S = (
     5  # Prometheus scrape interval (and timeout) and rule evaluation: slack for a loaded 2-core machine
 )
@@ -173,7 +179,7 @@ def trivial_doc(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def window_count(ip: str) -> float:
     try:
-        text = httpx.get(f"http://{ip}:{SIDECAR_PORT}/metrics", timeout=2).text
+        text = httpx.get(f"http://{ip}:{METRICS_PORT}/metrics", timeout=2).text
     except httpx.HTTPError:
         return 0.0
     for line in text.splitlines():
@@ -207,9 +213,10 @@ def cmd_runtimes(args: argparse.Namespace) -> int:
                 sys.executable, "-m", "moe_runtime.cli", "replay",
                 "--host", ip, "--port", str(SIDECAR_PORT),
                 "--engine-config", str(rdir / "engine.json"), "--state-dir", str(rdir / "state"),
-                "--token-file", str(token), "--placement-file", str(rdir / "placement-v0.json"),
+                "--token-file", str(token), "--reads", "token",  # every API route needs it, as in a pod
+                "--placement-file", str(rdir / "placement-v0.json"),
                 "--planner", "off", "--instance", meta["name"].rsplit("-", 1)[0],
-                "--rebalance-iterations", str(args.rebalance_iterations),
+                "--rebalance-iterations", str(args.rebalance_iterations), "--request-rate", str(args.request_rate),
                 "--pass-interval", str(args.pass_interval), "--poll-interval", "0.5",  # one seed: one model's routing
             ]  # fmt: skip
             pid = procs.start(f"replay-{pod_name}", argv, d / "pids", d / "runtimes" / f"{pod_name}.log")
@@ -220,13 +227,15 @@ def cmd_runtimes(args: argparse.Namespace) -> int:
                 f"({slots // ep}/GPU), pid {pid}"
             )
             targets.append({"namespace": args.namespace, "deployment": args.name, "pool": pool,
-                            "pod": pod_name, "ip": ip})  # fmt: skip
+                            "pod": pod_name, "ip": ip, "metrics_port": METRICS_PORT,
+                            "engine_port": int(cfg.get("ports", {}).get("http", 30000))})  # fmt: skip
     (d / "targets.json").write_text(json.dumps(targets, indent=1))
     say(
         f"  every runtime replays skewed synthetic routing (hot experts up to ~7x their fair share), "
         f"a load window every {args.rebalance_iterations} passes ({args.pass_interval}s apart); "
         "it starts pinned to the trivial placement (version 0, SGLang's boot map) until the operator "
-        "pushes one"
+        f"pushes one; each serves {args.request_rate:g} requests/s of offered load (SGLang's latency "
+        "histograms on its engine port)"
     )
 
     def all_reporting() -> bool:
@@ -314,11 +323,12 @@ def cmd_prometheus(args: argparse.Namespace) -> int:
         except (httpx.HTTPError, ValueError):
             return False
         active = body["data"]["activeTargets"]
-        return len(active) == len(targets) + 1 and all(t["health"] == "up" for t in active)
+        return len(active) == 2 * len(targets) + 1 and all(t["health"] == "up" for t in active)
 
     wait("Prometheus up with every target scraped", ready, 90)
     say(
-        f"  scraping {len(targets)} runtimes (:{SIDECAR_PORT}/metrics) and the operator (:{operator_metrics_port()})"
+        f"  scraping {len(targets)} leader pods (SGLang's :{targets[0].engine_port}/metrics, the runtime's "
+        f":{METRICS_PORT}/metrics) and the operator (:{operator_metrics_port()})"
     )
     return 0
 
@@ -423,6 +433,72 @@ def cmd_wait_resolved(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- the load step ------------------------------------------------------------------------
+
+
+def latency_p95(family: str, over: str = "1m", at: float | None = None) -> dict[str, float]:
+    """p95 per pool from SGLang's histograms, as the latency alerts compute it (shorter window)."""
+    q = f"histogram_quantile(0.95, sum by (pool, le) (rate({family}_bucket[{over}])))"
+    return {k: v for k, v in vector_by(prom_query(q, at), "pool").items() if v == v}  # drop NaN
+
+
+def set_load(targets: list[dict[str, Any]], rate: float) -> None:
+    token = (demo_dir() / "runtime-token").read_text().strip()
+    for t in targets:
+        r = httpx.post(
+            f"http://{t['ip']}:{SIDECAR_PORT}/v1/replay/load",
+            json={"requestRate": rate},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=5,
+        )
+        r.raise_for_status()
+
+
+def cmd_load_step(args: argparse.Namespace) -> int:
+    """Raise the decode runtimes' offered load past their capacity until the latency alerts fire."""
+    targets = [t for t in json.loads((demo_dir() / "targets.json").read_text()) if t["pool"] == args.pool]
+    before = {"ttft": latency_p95(TTFT), "itl": latency_p95(ITL)}
+    firing = {a: s for a in LATENCY_ALERTS if (s := alert_states(a).get(args.pool))}
+    if firing:
+        raise SystemExit(f"demo: latency alerts active before the load step: {firing}")
+    say(
+        f"  {args.pool} before: p95 TTFT {fmt(before['ttft'])} s, p95 ITL {fmt(before['itl'])} s "
+        f"({LATENCY_ALERTS[0]} > 2 s, {LATENCY_ALERTS[1]} > 0.1 s)"
+    )
+    set_load(targets, args.rate)
+    mark("load")
+    say(f"  offered load on the {len(targets)} {args.pool} runtimes: {args.rate:g} requests/s each")
+    last = ""
+
+    def fired() -> bool:
+        nonlocal last
+        states = {a: alert_states(a).get(args.pool, "inactive") for a in LATENCY_ALERTS}
+        line = f"  p95 TTFT {fmt(latency_p95(TTFT))} s, p95 ITL {fmt(latency_p95(ITL))} s; " + ", ".join(
+            f"{a}: {s}" for a, s in states.items()
+        )
+        if line != last:
+            say(line)
+            last = line
+        return all(s == "firing" for s in states.values())
+
+    try:
+        wait(
+            f"{' and '.join(LATENCY_ALERTS)} to fire for {args.pool}",
+            fired,
+            args.timeout,
+            interval=INTERVAL_S,
+        )
+        mark("latency-fired")
+        after = {"ttft": latency_p95(TTFT), "itl": latency_p95(ITL)}
+    finally:
+        set_load(targets, args.baseline)  # back to normal; the alerts resolve over their 5m window
+    (demo_dir() / "latency.json").write_text(json.dumps({"before": before, "fired": after}, indent=1))
+    say(
+        f"  offered load back to {args.baseline:g} requests/s (the alerts resolve once 5m of rate() forgets the step)"
+    )
+    return 0
+
+
 # ---- summary -----------------------------------------------------------------------------
 
 
@@ -481,10 +557,30 @@ def cmd_summary(args: argparse.Namespace) -> int:
     )
     say("   loop was let run; after: the last 10s. Operator: first and last evaluation, last prediction)")
 
+    latency = (
+        json.loads((demo_dir() / "latency.json").read_text())
+        if (demo_dir() / "latency.json").exists()
+        else {}
+    )
+    sglang_names = sorted(
+        str(r["metric"]["__name__"]) for r in prom_query('count by (__name__) ({__name__=~"sglang:.+"})')
+    )
+    say(f"SGLang series in Prometheus (from the runtimes' engine ports): {len(sglang_names)} families")
+    for name in sglang_names:
+        if name.startswith((TTFT, ITL, "sglang:num_requests", "sglang:num_running")):
+            say(f"  {name}")
+    if latency:
+        say(
+            "Latency (p95 over 1m, from SGLang's histograms), before the load step and when the alerts fired:"
+        )
+        for kind, label in (("ttft", "time to first token"), ("itl", "inter-token latency")):
+            say(f"  {label:20} {fmt(latency['before'][kind])} s -> {fmt(latency['fired'][kind])} s")
     firing_now = {
         (a["labels"]["alertname"], identity(a["labels"])) for a in alerts() if a["state"] == "firing"
     }
-    eps = episodes(prom_range('ALERTS{alertstate="firing"}', t0, now), INTERVAL_S, firing_now)
+    # Steps aligned on now, so the last one sees an alert that started firing a moment ago.
+    start = now - math.ceil((now - t0) / INTERVAL_S) * INTERVAL_S
+    eps = episodes(prom_range('ALERTS{alertstate="firing"}', start, now), INTERVAL_S, firing_now)
     say("Alerts (Prometheus ALERTS series since the runtimes started; times from that moment):")
     for e in eps:
         where = e.label("pool") or e.label("deployment")
@@ -499,6 +595,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
                          "operatorMeasuredLast": measured_last, "operatorPredicted": predicted},
         "alerts": [{"alert": e.alert, "pool": e.label("pool"), "firedAt": e.fired_at, "resolved": e.resolved}
                    for e in eps],
+        "latency": latency,
+        "sglangSeries": sglang_names,
     }  # fmt: skip
     (demo_dir() / "summary.json").write_text(json.dumps(summary, indent=1))
     return 0
@@ -527,6 +625,7 @@ def main(argv: list[str] | None = None) -> int:
     s.set_defaults(func=cmd_nodes_file)
     s = sub.add_parser("runtimes")
     s.add_argument("--rebalance-iterations", type=int, default=10)
+    s.add_argument("--request-rate", type=float, default=2.0, help="offered requests/s per runtime")
     s.add_argument("--pass-interval", type=float, default=0.5)
     s.set_defaults(func=cmd_runtimes)
     s = sub.add_parser("prometheus")
@@ -541,6 +640,12 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("wait-resolved")
     s.add_argument("--timeout", type=float, default=180)
     s.set_defaults(func=cmd_wait_resolved)
+    s = sub.add_parser("load-step")
+    s.add_argument("--pool", default="decode")
+    s.add_argument("--rate", type=float, default=16.0, help="requests/s per runtime (about 2x capacity)")
+    s.add_argument("--baseline", type=float, default=2.0)
+    s.add_argument("--timeout", type=float, default=150)
+    s.set_defaults(func=cmd_load_step)
     sub.add_parser("summary").set_defaults(func=cmd_summary)
     sub.add_parser("stop").set_defaults(func=cmd_stop)
     args = p.parse_args(argv)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 RUNTIME_JOB = "moe-runtime"
+ENGINE_JOB = "sglang"
 OPERATOR_JOB = "moe-operator"
 
 
@@ -22,37 +23,44 @@ class RuntimeTarget:
     pool: str
     pod: str
     ip: str
-    port: int = 9400
+    metrics_port: int = 9402  # the runtime's metrics listener (moe_runtime_*), port `metrics`
+    engine_port: int = 30000  # SGLang's HTTP port (sglang:*), port `http`
+
+    def address(self, port: int) -> str:
+        return f"{self.ip}:{port}"
 
     @property
-    def address(self) -> str:
-        return f"{self.ip}:{self.port}"
+    def labels(self) -> dict[str, str]:
+        return {
+            "namespace": self.namespace,
+            "deployment": self.deployment,
+            "pool": self.pool,
+            "pod": self.pod,
+        }
 
 
 def scrape_config(
     runtimes: list[RuntimeTarget], operator_address: str, rules_file: str, interval_s: int
 ) -> dict[str, Any]:
-    """prometheus.yml: the runtimes carry the label contract of policies/prometheus (namespace, deployment, pool, pod)."""
+    """prometheus.yml: each leader pod's two /metrics, as the PodMonitors scrape them (SGLang's on
+    port http, the runtime's on port metrics), with the label contract of policies/prometheus
+    (namespace, deployment, pool, pod)."""
     every = f"{interval_s}s"
+
+    def job(name: str, port: str) -> dict[str, Any]:
+        return {
+            "job_name": name,
+            "static_configs": [
+                {"targets": [t.address(getattr(t, port))], "labels": t.labels} for t in runtimes
+            ],
+        }
+
     return {
         "global": {"scrape_interval": every, "evaluation_interval": every, "scrape_timeout": every},
         "rule_files": [rules_file],
         "scrape_configs": [
-            {
-                "job_name": RUNTIME_JOB,
-                "static_configs": [
-                    {
-                        "targets": [t.address],
-                        "labels": {
-                            "namespace": t.namespace,
-                            "deployment": t.deployment,
-                            "pool": t.pool,
-                            "pod": t.pod,
-                        },
-                    }
-                    for t in runtimes
-                ],
-            },
+            job(RUNTIME_JOB, "metrics_port"),
+            job(ENGINE_JOB, "engine_port"),
             {"job_name": OPERATOR_JOB, "static_configs": [{"targets": [operator_address]}]},
         ],
     }

@@ -58,6 +58,7 @@ def test_demo_runs_rebalances_and_cleans_up(tmp_path: Path) -> None:
     try:
         result = run([], env, timeout=600)
         out = result.stdout + result.stderr
+        (tmp_path / "demo.log").write_text(out)  # the whole run (pytest keeps the last tmp dirs)
         assert result.returncode == 0, out[-6000:]
         summary: dict[str, Any] = json.loads((demo_dir / "summary.json").read_text())
 
@@ -81,6 +82,22 @@ def test_demo_runs_rebalances_and_cleans_up(tmp_path: Path) -> None:
         assert bal["after"]["decode"] > bal["before"]["decode"] + 0.05, bal
         assert bal["operatorPredicted"]["decode"] > bal["operatorMeasuredFirst"]["decode"], bal
 
+        # The load step: SGLang-named latency series from the replay runtimes in Prometheus, the
+        # decode pool's TTFT and inter-token-latency alerts firing once its offered load doubles.
+        names = set(summary["sglangSeries"])
+        assert {f"sglang:time_to_first_token_seconds_{s}" for s in ("bucket", "count", "sum")} <= names
+        assert {"sglang:inter_token_latency_seconds_bucket", "sglang:num_requests_total"} <= names
+        assert "sglang:num_running_reqs" in names
+        fired = {a["alert"] for a in summary["alerts"] if a["pool"] == "decode"}
+        assert {"MoETimeToFirstTokenHigh", "MoEInterTokenLatencyHigh"} <= fired, summary["alerts"]
+        assert not any(
+            a["pool"] == "prefill" and a["alert"].startswith("MoETimeToFirst") for a in summary["alerts"]
+        )
+        lat = summary["latency"]
+        assert lat["before"]["ttft"]["decode"] < 2 and lat["fired"]["ttft"]["decode"] > 2, lat
+        assert lat["before"]["itl"]["decode"] < 0.1 and lat["fired"]["itl"]["decode"] > 0.1, lat
+        assert "load step" in out
+
         pids = {p.stem: int(p.read_text()) for p in (demo_dir / "pids").glob("*.pid")}
         pids["operator"] = int((state / "operator.pid").read_text())
         assert len(pids) == 5, pids  # 3 replay runtimes, Prometheus, the operator
@@ -94,5 +111,5 @@ def test_demo_runs_rebalances_and_cleans_up(tmp_path: Path) -> None:
     assert all(pid is None for pid in Sandbox(state, Ports(BASE)).running().values())
     ports = [("127.0.0.1", BASE + 90), ("127.0.0.1", BASE + 100), ("127.0.0.1", BASE + 80)]
     ports += [("127.0.0.1", p) for p in Ports(BASE).all().values()]
-    ports += [(t["ip"], 9400) for t in runtimes]
+    ports += [(t["ip"], port) for t in runtimes for port in (9400, 9401, 9402, t["engine_port"])]
     assert [hp for hp in ports if listening(*hp)] == []

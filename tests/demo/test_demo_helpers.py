@@ -109,17 +109,18 @@ def test_generated_config_passes_promtool_and_labels_runtimes(tmp_path: Path) ->
     path.write_text(yaml.safe_dump(config))
     result = subprocess.run([promtool(), "check", "config", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    runtime_job = config["scrape_configs"][0]["static_configs"]
-    assert runtime_job[0] == {
-        "targets": ["127.134.0.1:9400"],
-        "labels": {
-            "namespace": "default",
-            "deployment": "deepseek-v3",
-            "pool": "decode",
-            "pod": "deepseek-v3-decode-0-0",
-        },
+    labels = {
+        "namespace": "default",
+        "deployment": "deepseek-v3",
+        "pool": "decode",
+        "pod": "deepseek-v3-decode-0-0",
     }
-    assert config["scrape_configs"][1]["static_configs"] == [{"targets": ["127.0.0.1:34100"]}]
+    runtime_job, engine_job, operator_job = config["scrape_configs"]
+    # the runtime's metrics listener and SGLang's HTTP port, as the PodMonitors scrape them
+    assert runtime_job["static_configs"][0] == {"targets": ["127.134.0.1:9402"], "labels": labels}
+    assert engine_job["static_configs"][0] == {"targets": ["127.134.0.1:30000"], "labels": labels}
+    assert len(runtime_job["static_configs"]) == len(engine_job["static_configs"]) == 2
+    assert operator_job["static_configs"] == [{"targets": ["127.0.0.1:34100"]}]
 
 
 def test_episodes_split_on_gaps_and_tell_resolved_from_still_firing() -> None:
