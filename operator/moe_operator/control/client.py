@@ -18,6 +18,7 @@ from moe_contract.pod import SIDECAR_PORT
 
 TIMEOUT_S = 3.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a full ring of DeepSeek-V3 windows is ~30 MB of JSON
+MAX_PLACEMENT_BYTES = 2 * 1024 * 1024  # a map is L x (E + R) ints: DeepSeek-V3 ~70 kB of JSON
 
 
 class RuntimeAnswerError(Exception):
@@ -56,8 +57,15 @@ class RuntimeClient:
 
     def windows(self, ip: str, after: int) -> dict[str, Any]:
         """GET /v1/windows after a cursor (counts included)."""
-        url = f"http://{ip}:{self._port}/v1/windows"
         params = {"after": str(after), "counts": "true"}
+        return self._get_json(f"http://{ip}:{self._port}/v1/windows", params, MAX_ANSWER_BYTES)
+
+    def placement(self, ip: str) -> dict[str, Any]:
+        """GET /v1/placement: the version and map the runtime holds (checked by the caller)."""
+        return self._get_json(f"http://{ip}:{self._port}/v1/placement", {}, MAX_PLACEMENT_BYTES)
+
+    def _get_json(self, url: str, params: dict[str, str], max_bytes: int) -> dict[str, Any]:
+        """A JSON object read under a byte cap and a deadline, else RuntimeAnswerError."""
         started = time.monotonic()
         try:
             with self._http.stream("GET", url, params=params, headers=self._headers()) as resp:
@@ -66,15 +74,15 @@ class RuntimeClient:
                 body = bytearray()
                 for chunk in resp.iter_bytes():
                     body += chunk
-                    if len(body) > MAX_ANSWER_BYTES:
-                        raise RuntimeAnswerError(f"answer larger than {MAX_ANSWER_BYTES} bytes")
+                    if len(body) > max_bytes:
+                        raise RuntimeAnswerError(f"answer larger than {max_bytes} bytes")
                     if time.monotonic() - started > 4 * self._deadline_s:
                         raise RuntimeAnswerError(f"answer took longer than {4 * self._deadline_s:.0f}s")
         except httpx.HTTPError as exc:
             raise RuntimeAnswerError(type(exc).__name__) from exc
         try:
             answer = json.loads(body)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise RuntimeAnswerError("answer is not JSON") from exc
         if not isinstance(answer, dict):
             raise RuntimeAnswerError("answer is not a JSON object")
