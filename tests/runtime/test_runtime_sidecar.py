@@ -348,10 +348,10 @@ def test_every_api_route_needs_the_token_and_probes_and_metrics_have_their_own_p
             text = await c.scrape()
             assert metric(text, "moe_runtime_api_refused_total", reason="unauthorized") == 10
             assert metric(text, "moe_runtime_listener_connections", listener="metrics") == 1
-            # until the pod template probes and scrapes the new ports: the old paths stay open
-            assert (await c.bare.get("/healthz")).status_code == 200
-            assert (await c.bare.get("/readyz")).status_code in (200, 503)
-            assert "moe_runtime_windows_total" in (await c.bare.get("/metrics")).text
+            # the API port has no probe or metrics route, with or without the token (as `launch` runs)
+            for path in ("/healthz", "/readyz", "/metrics"):
+                assert (await c.bare.get(path)).status_code == 401, path
+                assert (await c.api.get(path)).status_code == 404, path
             # one request per connection: every answer closes it
             assert (await c.probes.get("/healthz")).headers["Connection"] == "close"
 

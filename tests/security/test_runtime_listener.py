@@ -260,10 +260,14 @@ def test_every_api_route_needs_the_token_even_reads(runtime: Runtime) -> None:
         ("GET", "/v1/windows"), ("GET", "/v1/windows/latest"), ("GET", "/v1/status"),
         ("GET", "/v1/placement"), ("PUT", "/v1/placement"), ("POST", "/v1/placement"),
         ("GET", "/v1/replay"), ("POST", "/v1/replay/shift"), ("POST", "/v1/replay/load"),
+        ("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics"),  # no open paths left on the API port
     ]:  # fmt: skip
         for auth in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
             r = httpx.request(method, runtime.url(runtime.api, path), headers=auth, timeout=5)
             assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer", (method, path, auth)
+    # ... and with the token the API port has no probe or metrics route: they have their own ports
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert httpx.get(runtime.url(runtime.api, path), headers=AUTH, timeout=5).status_code == 404, path
     # the probe and metrics listeners serve nothing else
     for port in (runtime.probes, runtime.metrics):
         r = httpx.get(runtime.url(port, "/v1/windows"), headers=AUTH, timeout=5)

@@ -78,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--reads",
         choices=["open", "token"],
         default="open",
-        help="GET routes of the API without a token (open) or with it, as `launch` always does",
+        help="token: every API route needs the token, as with `launch`. open (tests that read without "
+        "it): GET routes without the token, and /healthz, /readyz, /metrics also on the API port",
     )
     p.add_argument("--model", choices=sorted(PRESETS), default="deepseek-v3", help="shape preset")
     p.add_argument("--layers", type=int)
@@ -282,7 +283,7 @@ async def serve(args: argparse.Namespace) -> int:
                 if o.mode == "static" and o.num_gpus > 1
                 else None
             ),
-            policy=ApiPolicy(open_reads=args.reads == "open"),
+            policy=ApiPolicy(open_reads=args.reads == "open", legacy_open=args.reads == "open"),
             poll_s=args.poll_interval,
             health_s=1.0,
         )

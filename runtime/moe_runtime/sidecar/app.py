@@ -11,9 +11,11 @@ Probes (port ``probes``, no token): GET /healthz (the event loop runs), GET /rea
   rank of this pod answers its health check and the pod is not draining)
 Metrics (port ``metrics``, no token): GET /metrics
 
-Until the operator's pod template probes and scrapes the new ports, the API listener also
-answers /healthz, /readyz and /metrics without a token (``legacy_open``), and the replay
-engine can leave GET routes open (``open_reads``) for tests that read without a token.
+The API listener serves /v1/* only: the operator's pod template probes the probe port and its
+PodMonitors scrape the metrics port. Only the replay engine's ``--reads open`` (tests that read
+without a token) leaves GET routes open (``open_reads``) and, for the tests written before the
+listeners split, also answers /healthz, /readyz and /metrics on the API port (``legacy_open``);
+`launch` never does either.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ class Identity:
 
 @dataclass(frozen=True)
 class ApiPolicy:
-    legacy_open: bool = True  # /healthz, /readyz, /metrics also on the API port without a token
-    open_reads: bool = False  # GET routes without a token (replay engine, until tests send it)
+    legacy_open: bool = False  # /healthz, /readyz, /metrics also on the API port (replay --reads open)
+    open_reads: bool = False  # GET routes without a token (replay --reads open)
     max_body: int = MAX_BODY
 
 
@@ -85,7 +87,7 @@ def check_token(request: web.Request) -> web.Response | None:
 
 @web.middleware
 async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every API route needs the token, but the legacy probe/metrics paths and (optionally) reads."""
+    """Every API route needs the token (the replay engine's test mode may open reads)."""
     policy = request.app[POLICY_KEY]
     if policy.legacy_open and request.path in LEGACY_OPEN:
         return await handler(request)
