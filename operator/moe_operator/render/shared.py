@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from moe_contract.flags import router_catalog
-from moe_contract.pod import SIDECAR_PORT
+from moe_contract.pod import SIDECAR_PORT, SIDECAR_PORT_NAME
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import Pool, pools
@@ -54,7 +54,7 @@ def pool_service(spec: MoEDeploymentSpec, owner: Owner, pool: Pool) -> dict[str,
     """The pool's leaders (rank 0 serves HTTP for the whole instance)."""
     ports = [
         {"name": "http", "port": spec.engine.port, "targetPort": spec.engine.port},
-        {"name": "runtime", "port": SIDECAR_PORT, "targetPort": SIDECAR_PORT},
+        {"name": SIDECAR_PORT_NAME, "port": SIDECAR_PORT, "targetPort": SIDECAR_PORT_NAME},
     ]
     if pool == "prefill":
         bootstrap = spec.kv_transfer.bootstrap_port
