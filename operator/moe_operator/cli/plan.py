@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,25 +50,17 @@ def load_nodes(path: Path | None) -> list[dict[str, Any]]:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from moe_operator.api import MoEDeploymentSpec
-    from moe_operator.cli.policy import load_policy, refusal_hint
+    from moe_operator.cli.policy import admit
     from moe_operator.topology.planner import plan_topology
     from moe_operator.topology.requests import pool_requests, topology_policy
     from moe_operator.topology.snapshot import node_from_object
-    from moe_operator.validation import validate
 
     doc = yaml.safe_load(args.filename.read_text())
     raw_spec = doc.get("spec", doc)
     namespace = str(args.namespace or (doc.get("metadata") or {}).get("namespace") or "default")
-    policy = load_policy(args)
-    if policy is None:
-        return 2
-    problems = validate(raw_spec, None, policy, namespace)
-    if problems:
-        for problem in problems:
-            print(str(problem) + refusal_hint(args), file=sys.stderr)
-        return 1
-    spec = MoEDeploymentSpec.model_validate(raw_spec)
+    spec, code = admit(args, raw_spec, namespace)
+    if spec is None:
+        return code
     nodes = [node_from_object(o) for o in load_nodes(args.nodes)]
     plan = plan_topology(pool_requests(spec), nodes, topology_policy(spec))
     if args.output == "json":

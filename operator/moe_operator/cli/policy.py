@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moe_operator.validation import PlatformPolicy, PolicyError
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.validation import PlatformPolicy, PolicyError, validate
 
 
 def add_policy_args(p: Any, namespace: bool = True) -> None:
@@ -38,6 +39,18 @@ def load_policy(args: argparse.Namespace) -> PlatformPolicy | None:
         return None
 
 
-def refusal_hint(args: argparse.Namespace) -> str:
+def _refusal_hint(args: argparse.Namespace) -> str:
     """What to add when the spec is refused under the defaults only."""
     return "" if args.policy else " (under the operator's default platform policy: see --policy)"
+
+
+def admit(args: argparse.Namespace, raw_spec: Any, namespace: str) -> tuple[MoEDeploymentSpec | None, int]:
+    """The spec as the webhook would admit it under the options' policy, or None and the exit code
+    (2: the policy cannot be read, 1: refused) after printing why."""
+    policy = load_policy(args)
+    if policy is None:
+        return None, 2
+    problems = validate(raw_spec, None, policy, namespace)
+    for problem in problems:
+        print(str(problem) + _refusal_hint(args), file=sys.stderr)
+    return (None, 1) if problems else (MoEDeploymentSpec.model_validate(raw_spec), 0)

@@ -69,16 +69,14 @@ def register(subparsers: Any) -> None:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from moe_operator.api import MoEDeploymentSpec
     from moe_operator.cli.plan import load_nodes
-    from moe_operator.cli.policy import load_policy, refusal_hint
+    from moe_operator.cli.policy import admit
     from moe_operator.render.children import render_children
     from moe_operator.render.group import GroupBackend, Owner, RuntimeSettings
     from moe_operator.render.shared import token_secret
     from moe_operator.topology.planner import plan_topology
     from moe_operator.topology.requests import pool_requests, topology_policy
     from moe_operator.topology.snapshot import node_from_object
-    from moe_operator.validation import validate
 
     doc = yaml.safe_load(args.filename.read_text())
     if not isinstance(doc, dict):
@@ -88,15 +86,9 @@ def _render(args: argparse.Namespace) -> int:
     metadata = doc.get("metadata") or {}
     name = str(metadata.get("name") or args.filename.stem)
     namespace = str(args.namespace or metadata.get("namespace") or "default")
-    policy = load_policy(args)
-    if policy is None:
-        return 2
-    problems = validate(raw_spec, None, policy, namespace)
-    if problems:
-        for problem in problems:
-            print(str(problem) + refusal_hint(args), file=sys.stderr)
-        return 1
-    spec = MoEDeploymentSpec.model_validate(raw_spec)
+    spec, code = admit(args, raw_spec, namespace)
+    if spec is None:
+        return code
     owner = Owner(
         name, namespace, str(uuid.uuid5(uuid.NAMESPACE_URL, f"moe.inference.dev/{namespace}/{name}"))
     )
