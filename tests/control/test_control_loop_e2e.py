@@ -36,16 +36,21 @@ def runtime_balancedness(ip: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def held_version(ip: str) -> int | None:
+def held(ip: str) -> dict[str, Any]:
+    """What the runtime holds (GET /v1/placement; the replay engine leaves reads open)."""
     try:
         body: dict[str, Any] = httpx.get(f"http://{ip}:9400/v1/placement", timeout=2).json()
     except (httpx.HTTPError, ValueError):
-        return None
-    v = body.get("version")
+        return {}
+    return body
+
+
+def held_version(ip: str) -> int | None:
+    v = held(ip).get("version")
     return int(v) if v is not None else None
 
 
-def test_control_loop_balances_two_instances(
+def test_control_loop_balances_each_instance(
     api: httpx.Client, deployed: str, moe_operator: OperatorProcess, kubeconfig: Path, tmp_path: Path
 ) -> None:
     obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-gb200.yaml").read_text())
@@ -60,12 +65,13 @@ def test_control_loop_balances_two_instances(
     pods_path = f"/api/v1/namespaces/{deployed}/pods"
     selector = f"moe.inference.dev/deployment={name},apps.kubernetes.io/pod-index=0"
 
-    def leaders() -> list[str] | None:
+    def leaders() -> list[tuple[str, str]] | None:
         items = api.get(pods_path, params={"labelSelector": selector}).json()["items"]
-        ips = sorted(p["status"].get("podIP") or "" for p in items)
-        return ips if len(ips) == 2 and all(ips) else None
+        found = sorted((p["status"].get("podIP") or "", p["metadata"]["name"]) for p in items)
+        return found if len(found) == 2 and all(ip for ip, _ in found) else None
 
-    ips: list[str] = wait_for(leaders, 120, interval=0.5, what="two leader pods with IPs")
+    found: list[tuple[str, str]] = wait_for(leaders, 120, interval=0.5, what="two leader pods with IPs")
+    ips, pod_names = [ip for ip, _ in found], [n for _, n in found]
     cms = f"/api/v1/namespaces/{deployed}/configmaps"
 
     def live_cm() -> dict[str, Any]:
@@ -83,18 +89,14 @@ def test_control_loop_balances_two_instances(
     secret = api.get(f"/api/v1/namespaces/{deployed}/secrets/{name}-runtime-token").json()
     token_file = tmp_path / "token"
     token_file.write_bytes(base64.b64decode(secret["data"]["token"]))
-    procs = [
-        start_replay(
-            ip,
-            token_file,
-            tmp_path / f"replay-{i}.log",
-            model="deepseek-v3",
-            gpus=16,
-            gpus_per_node=4,
-            redundant=16,
-        )
-        for i, ip in enumerate(ips)
-    ]
+
+    def replay(i: int) -> subprocess.Popen[bytes]:
+        return start_replay(
+            ips[i], token_file, tmp_path / f"replay-{i}.log", model="deepseek-v3", gpus=16,
+            gpus_per_node=4, redundant=16,
+        )  # fmt: skip
+
+    procs = [replay(0), replay(1)]
     timeline: list[str] = []
     start = time.monotonic()
 
@@ -109,6 +111,11 @@ def test_control_loop_balances_two_instances(
         pattern = rf'^moe_operator_placement_evaluation_seconds_count\{{[^}}]*deployment="{name}"[^}}]*pool="decode"[^}}]*\}} (\S+)$'
         m = re.search(pattern, text, re.M)
         return int(float(m.group(1))) if m else 0
+
+    def instance(i: int) -> dict[str, Any]:
+        """status.placement.decode.instances' entry of runtime i (its leader pod)."""
+        rows = placement().get("instances") or []
+        return next((r for r in rows if r.get("name") == pod_names[i]), {})
 
     def sample() -> tuple[dict[str, Any], list[float | None]]:
         p, bal = placement(), [runtime_balancedness(ip) for ip in ips]
@@ -155,32 +162,47 @@ def test_control_loop_balances_two_instances(
         assert evaluations() >= 2, "the operator's evaluation count is not readable"
         before = placement()
 
-        # The traffic shifts (hot experts move) on both runtimes: the placement stops fitting
-        # (measured balancedness drops), then the loop plans for the new traffic and recovers.
+        # The traffic shifts (hot experts move) on runtime 1 only: its placement stops fitting (its
+        # measured balancedness drops), the loop plans it for its new traffic and it recovers;
+        # runtime 0 keeps its own map. Two instances, two maps, each pushed its own.
         auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
-        for ip in ips:
-            r = httpx.post(f"http://{ip}:9400/v1/replay/shift", json={"seed": 7}, headers=auth, timeout=5)
-            assert r.status_code == 200, r.text
-        timeline.append(f"t={time.monotonic() - start:5.1f}s --- traffic shifted on both runtimes ---")
+        r = httpx.post(f"http://{ips[1]}:9400/v1/replay/shift", json={"seed": 7}, headers=auth, timeout=5)
+        assert r.status_code == 200, r.text
+        timeline.append(f"t={time.monotonic() - start:5.1f}s --- traffic shifted on runtime 1 ---")
         stale = 0.9 * before["predictedBalancedness"]
         wait_for(
-            lambda: all(b is not None and b < stale for b in sample()[1]),
+            lambda: (b := sample()[1][1]) is not None and b < stale,
             20,
             interval=0.5,
-            what=f"runtime balancedness below {stale:.3f} after the shift",
+            what=f"runtime 1's balancedness below {stale:.3f} after the shift",
         )
         operator_saw: list[float] = []
 
         def recovered() -> bool:
-            p = placement()
-            if p.get("measuredBalancedness") is not None:
-                operator_saw.append(p["measuredBalancedness"])
+            p, row = placement(), instance(1)
+            if row.get("measuredBalancedness") is not None:
+                operator_saw.append(row["measuredBalancedness"])
             return p.get("version", 0) > before["version"] and balanced()
 
         within(4, recovered, "recovery after the shift")  # 3 refreshes, +1 in flight at the shift
         assert min(operator_saw) < stale, (operator_saw, stale)  # the operator measured the drop too
         timeline.append(f"t={time.monotonic() - start:5.1f}s --- recovered ---")
         v1 = placement()["version"]
+
+        def own_maps() -> bool:
+            h0, h1 = held(ips[0]), held(ips[1])
+            versions = {h0.get("version"), h1.get("version"), placement().get("version")}
+            maps = h0.get("physical_to_logical_map"), h1.get("physical_to_logical_map")
+            return len(versions) == 1 and None not in maps and maps[0] != maps[1]
+
+        within(1, own_maps, "each runtime holding its own map under the pool's version")
+        rows = placement()["instances"]
+        assert sorted(r["name"] for r in rows) == sorted(pod_names), rows
+        live_doc = json.loads(live_cm()["data"]["placement.json"])  # the pool plan: what new groups boot with
+        prov = json.loads(live_cm()["metadata"]["annotations"]["moe.inference.dev/placement-provenance"])
+        assert live_doc["version"] <= (held_version(ips[0]) or 0), live_doc["version"]  # none lags it
+        assert set(prov["instances"]) == set(pod_names), prov
+        assert len(json.dumps(live_cm())) < 256 * 1024  # one map in the ConfigMap, not one per instance
 
         # One runtime dies: the other keeps getting the placement refreshed and stays balanced.
         procs[1].send_signal(signal.SIGTERM)
@@ -196,6 +218,25 @@ def test_control_loop_balances_two_instances(
         # pool's aggregate the prediction is made for): it must get there within 2 refreshes.
         within(2, survivor_balanced, "the surviving runtime balanced near the prediction")
         assert (held_version(ips[0]) or 0) >= v1
+
+        # It comes back as a new runtime (nothing held, windows numbered from 1, the traffic of
+        # seed 0 again): it is pushed the pool's version at once and then planned on its own windows.
+        procs[1] = replay(1)
+        timeline.append(f"t={time.monotonic() - start:5.1f}s --- runtime 1 restarted ---")
+        within(
+            3,
+            lambda: held_version(ips[1]) == placement().get("version"),
+            "the restarted runtime holding the pool's version",
+        )
+
+        def restarted_balanced() -> bool:
+            p, bal = sample()
+            pred = p.get("predictedBalancedness")
+            return bool(
+                pred and "unreachable" not in p.get("message", "") and bal[1] and bal[1] >= 0.9 * pred
+            )
+
+        within(4, restarted_balanced, "the restarted runtime balanced near the prediction")
 
         # The operator restarts: versions continue (no reset to 0 or 1) and the first plan after
         # the restart uses the load history it had (stored, bounded, in its own ConfigMap).
@@ -244,6 +285,11 @@ def test_control_loop_balances_two_instances(
                 and "paused" in placement().get("message", "")
             ),
             "the rollback adopted and pushed",
+        )
+        rolled_map = json.loads(rolled["data"]["placement.json"])["physicalToLogicalMap"]
+        assert held(ips[1]).get("version") == version  # a rollback restores one map on every instance
+        assert (
+            held(ips[0])["physical_to_logical_map"] == held(ips[1])["physical_to_logical_map"] == rolled_map
         )
         seen = evaluations()
         wait_for(lambda: evaluations() >= seen + 1, 10 * REFRESH_S, interval=2, what="one more refresh")

@@ -73,6 +73,25 @@ class PoolsStatus(StatusObject):
     decode: PoolStatus | None = Field(default=None, description="Decode pool.")
 
 
+class InstancePlacementStatus(StatusObject):
+    """The placement one instance of the pool holds (eplb mode operator plans each instance)."""
+
+    name: str = Field(max_length=253, description="The instance's leader pod.")
+    version: int = Field(default=0, ge=0, description="Placement version pushed to the instance.")
+    measured_balancedness: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Balancedness of the instance's map on its own latest window (2 decimals).",
+    )
+    predicted_balancedness: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Balancedness the instance's map was predicted to reach when it last changed.",
+    )
+
+
 class PlacementStatus(StatusObject):
     """The expert placement a pool currently runs and how well it balances."""
 
@@ -97,14 +116,16 @@ class PlacementStatus(StatusObject):
         ge=0.0,
         le=1.0,
         description="Balancedness measured over the latest window: per layer mean over GPUs of tokens / "
-        "max over GPUs, averaged over layers (1.0 = perfect).",
+        "max over GPUs, averaged over layers (1.0 = perfect); in eplb mode operator the mean over "
+        "instances, each on its own latest window.",
     )
     predicted_balancedness: float | None = Field(
         default=None,
         ge=0.0,
         le=1.0,
         description="Balancedness the current placement was predicted to reach, scored on windows "
-        "after the ones it was fitted on.",
+        "after the ones it was fitted on; in eplb mode operator the mean over instances of the maps "
+        "they run after the last evaluation (measured where unchanged).",
     )
     moved_experts: int | None = Field(
         default=None, ge=0, description="Expert slots that changed when this version was published."
@@ -113,6 +134,12 @@ class PlacementStatus(StatusObject):
         default="",
         max_length=1024,
         description="Why the last evaluation did or did not publish a new placement.",
+    )
+    instances: list[InstancePlacementStatus] | None = Field(
+        default=None,
+        max_length=32,
+        description="eplb mode operator: each instance's own placement (the first 32 by name); the "
+        "pool's fields above are means over them and the ConfigMap holds the map new groups boot with.",
     )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,6 +23,7 @@ from typing import Any
 
 import httpx
 import kopf
+import numpy as np
 
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.conditions import Reason
@@ -29,8 +31,19 @@ from moe_operator.api.derived import pool_layout, resolve_architecture, world_si
 from moe_operator.api.names import GROUP, PLURAL
 from moe_operator.api.types import parse_duration
 from moe_operator.control import history_store
-from moe_operator.control.client import RuntimeAnswerError, RuntimeClient
+from moe_operator.control.client import Pushed, RuntimeAnswerError, RuntimeClient
 from moe_operator.control.evaluate import Evaluation, NoFreshWindows, Policy, PoolShape, evaluate
+from moe_operator.control.instances import (
+    MAX_STATUS_INSTANCES,
+    Held,
+    PoolEvaluation,
+    current_of,
+    evaluate_instances,
+    next_version,
+    provenance,
+    push_version,
+    read_held,
+)
 from moe_operator.control.live import StoredPlacement, read_stored
 from moe_operator.control.publish import (
     KEEP_VERSIONS,
@@ -42,7 +55,7 @@ from moe_operator.control.publish import (
 )
 from moe_operator.control.windows import parse_windows
 from moe_operator.handlers.kube import KubeError
-from moe_operator.handlers.state import OperatorState, PoolState, operator_of
+from moe_operator.handlers.state import InstanceMemo, OperatorState, PoolState, operator_of
 from moe_operator.reconcile.observe import trusted_pods
 from moe_operator.reconcile.token import token_of
 from moe_operator.render.group import Owner, placement_config_name, token_secret_name
@@ -227,11 +240,8 @@ def keep_history(t: Tick, bucket_s: float, added: int) -> str:
 
 
 def publish(t: Tick, ev: Evaluation) -> dict[str, Any]:
-    """A new version: the versioned copy, then the live ConfigMap; the oldest copy is dropped."""
+    """A new version of the pool's one map (modes static and engine's observe never push it)."""
     assert ev.candidate is not None
-    s = t.state
-    version = s.version + 1
-    doc = document.render(version, ev.candidate, datetime.fromtimestamp(t.now, UTC))
     provenance = {
         "windowRange": [_iso(ev.window_range[0]), _iso(ev.window_range[1])],
         "instances": ev.instances,
@@ -241,41 +251,28 @@ def publish(t: Tick, ev: Evaluation) -> dict[str, Any]:
         "historyBuckets": ev.history_buckets,
         "restoredBuckets": ev.restored_buckets,
     }
+    out = publish_version(t, t.state.version + 1, ev.candidate, provenance)
+    return {**out, "predictedBalancedness": round(min(1.0, ev.predicted), 3), "movedExperts": ev.moved}
+
+
+def publish_version(t: Tick, version: int, phy2log: Any, provenance: dict[str, Any]) -> dict[str, Any]:
+    """The versioned copy, then the live ConfigMap; the oldest copy is dropped."""
+    s = t.state
+    doc = document.render(version, phy2log, datetime.fromtimestamp(t.now, UTC))
     for obj in configmaps(t.owner, t.pool, doc, provenance):
         t.op.kube.apply(obj)
     for old in expired_versions(version):
         t.op.kube.delete(
             "v1", "ConfigMap", t.owner.namespace, f"{placement_config_name(t.owner.name, t.pool)}-v{old}"
         )
-    s.version, s.current, s.doc, s.published_at = version, ev.candidate, doc, t.now
+    s.version, s.current, s.doc, s.published_at = version, np.asarray(phy2log), doc, t.now
     t.op.metrics.gauge("moe_operator_placement_version", *t.labels).set(version)
     t.count("moe_operator_rebalances_total")
     return {
         "version": version,
         "configMap": placement_config_name(t.owner.name, t.pool),
         "updateTime": doc["generatedAt"],
-        "predictedBalancedness": round(min(1.0, ev.predicted), 3),
-        "movedExperts": ev.moved,
     }
-
-
-def push(t: Tick, client: RuntimeClient, leaders: list[dict[str, Any]]) -> str:
-    """PUT the current version to every leader (mode operator); a note for the message."""
-    if t.state.doc is None or not leaders:
-        return ""
-    if not client.has_token:
-        t.count("moe_operator_rebalance_failures_total", "push_refused")
-        return f"; 0 of {len(leaders)} runtime(s) hold it, push refused: no token"
-    refused = []
-    for pod in leaders:
-        pushed = client.push(pod["ip"], {**t.state.doc, "generatedAt": _iso(t.now)})
-        t.count("moe_operator_placement_pushes_total", pushed.result)
-        if pushed.refusal is not None:
-            refused.append(f"{pod['name']}: {pushed.refusal}")
-    if not refused:
-        return ""
-    t.count("moe_operator_rebalance_failures_total", "push_refused")
-    return f"; {len(leaders) - len(refused)} of {len(leaders)} runtime(s) hold it, push refused: {', '.join(refused)}"
 
 
 def client_token(t: Tick) -> str | None:
@@ -317,11 +314,11 @@ def evaluate_pool(t: Tick, leaders: list[dict[str, Any]], logger: Any) -> dict[s
         note = (f"; unreachable: {', '.join(failed)}" if failed else "") + keep_history(
             t, policy.bucket_s, added
         )
-        fields, evaluated = decide_and_publish(t, policy, refresh)
-        out.update(fields)
-        if evaluated and eplb.mode == "operator":
-            out["message"] += push(t, client, leaders)
-    out["message"] = (out["message"] + note)[:1024]
+        if eplb.mode == "operator":  # one placement per instance (docs/placement.md, "Cluster level")
+            out.update(per_instance(t, policy, refresh, client, leaders, note))
+        else:
+            fields, _ = decide_and_publish(t, policy, refresh)
+            out.update(fields, message=(fields["message"] + note)[:1024])
     t.op.metrics.histogram("moe_operator_placement_evaluation_seconds", *t.labels).observe(
         time.perf_counter() - started
     )
@@ -374,6 +371,164 @@ def decide_and_publish(t: Tick, policy: Policy, refresh: float) -> tuple[dict[st
     return {**out, "message": message}, True
 
 
+def read_holdings(t: Tick, client: RuntimeClient, leaders: list[dict[str, Any]]) -> dict[str, Held]:
+    """What every leader's runtime holds (GET /v1/placement, at once): the operator's own memory
+    of what it pushed does not survive its restart, nor a pod's. A runtime that does not answer
+    is left out: its map is unknown, so it is neither planned nor pushed (collect names it)."""
+
+    def fetch(pod: dict[str, Any]) -> tuple[str, Held | None]:
+        try:
+            return str(pod["name"]), read_held(client.placement(pod["ip"]), t.shape, t.now)
+        except RuntimeAnswerError:
+            return str(pod["name"]), None  # unknown: neither planned nor pushed this time
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(leaders)))) as pool:
+        answers = list(pool.map(fetch, leaders))
+    return {name: h for name, h in answers if h is not None}
+
+
+def since_change(t: Tick, name: str) -> float | None:
+    """Seconds since this loop last changed the instance's map (after a restart: since the pool's
+    last publication, which is never later), None when never."""
+    memo = t.state.instances.get(name)
+    at = memo.changed_at if memo is not None and memo.changed_at is not None else t.state.published_at
+    return None if at is None else t.now - at
+
+
+def per_instance(
+    t: Tick, policy: Policy, refresh: float, client: RuntimeClient, leaders: list[dict[str, Any]], note: str
+) -> dict[str, Any]:
+    """eplb mode operator: plan and decide each instance on its own windows, publish one pool
+    version when any changes, push every instance its own map; the status.placement fields."""
+    s, shape = t.state, t.shape
+    held = read_holdings(t, client, leaders)
+    live = live_map(t)
+    currents = {n: current_of(h, live, s.version)[0] for n, h in held.items()}
+    s.instances = {str(p["name"]): s.instances.get(str(p["name"])) or InstanceMemo() for p in leaders}
+    try:
+        ev = evaluate_instances(list(s.history.windows), currents, live, shape, policy,
+                                {n: since_change(t, n) for n in held}, t.now - 2 * refresh)  # fmt: skip
+    except (ValueError, IndexError) as exc:
+        reason = "no_windows" if isinstance(exc, NoFreshWindows) else "planner_error"
+        t.count("moe_operator_placement_skips_total", reason)
+        t.count("moe_operator_rebalance_failures_total", reason)
+        return {"message": f"no new placement: {exc}{note}"[:1024], "instances": instance_status(t)}
+    out, targets = decide_instances(t, ev, held, currents)
+    pushed = push_each(t, client, leaders, targets)
+    out["message"] = (out.get("message", head_of(ev)) + note + pushed + ": " + ev.details())[:1024]
+    out["instances"] = instance_status(t)
+    return out
+
+
+def head_of(ev: PoolEvaluation) -> str:
+    """The start of the status message: what happened, and how much history the plans used."""
+    head = ev.head()
+    if ev.restored_buckets:
+        head += (
+            f"; planned on {ev.history_buckets} load buckets, {ev.restored_buckets} restored after a restart"
+        )
+    return head
+
+
+def decide_instances(
+    t: Tick, ev: PoolEvaluation, held: dict[str, Held], currents: dict[str, np.ndarray]
+) -> tuple[dict[str, Any], dict[str, tuple[int, np.ndarray]]]:
+    """Record the evaluation, publish a pool version when any instance changes; the status fields
+    and, per instance, the (version, map) to push."""
+    s = t.state
+    t.op.metrics.gauge("moe_operator_placement_balancedness", *t.labels, "measured").set(ev.measured)
+    t.op.metrics.gauge("moe_operator_placement_balancedness", *t.labels, "predicted").set(ev.predicted)
+    for r in ev.results.values():
+        s.instances[r.name].measured = r.measured
+    out: dict[str, Any] = {"measuredBalancedness": round(ev.measured, 3)}
+    if ev.publish and preempted(t):
+        out["message"] = f"v{s.version} was published meanwhile (rollback); the new plans are dropped"
+    elif ev.publish:
+        version = next_version(s.version, held)
+        assert ev.pool_candidate is not None
+        prov = {"pool": "plan on the pool's summed windows", "historyBuckets": ev.history_buckets,
+                "restoredBuckets": ev.restored_buckets, "measuredBalancedness": round(ev.measured, 4),
+                "predictedBalancedness": round(ev.predicted, 4), "movedExperts": ev.moved,
+                "instances": provenance(ev, version)}  # fmt: skip
+        out.update(publish_version(t, version, ev.pool_candidate, prov))
+        out.update(predictedBalancedness=round(min(1.0, ev.predicted), 3), movedExperts=ev.moved)
+        for r in ev.changed:
+            s.instances[r.name].changed_at, s.instances[r.name].predicted = t.now, r.predicted
+        t.event(Reason.PLACEMENT_PUBLISHED, f"{t.pool} v{version}: {ev.message()}"[:1024])
+        return out, {n: (version, ev.results[n].target if n in ev.results else currents[n]) for n in held}
+    if not ev.publish:
+        reasons = Counter(r.decision.reason for r in ev.results.values())
+        t.count("moe_operator_placement_skips_total", reasons.most_common(1)[0][0])
+    if s.doc is not None and t.status.get("version") != s.version:
+        out.update(version=s.version, updateTime=s.doc.get("generatedAt"))
+    live = live_map(t)  # a rollback adopted meanwhile is the live map now
+    return out, {n: (push_version(s.version, h), current_of(h, live, s.version)[0]) for n, h in held.items()}
+
+
+def live_map(t: Tick) -> np.ndarray:
+    """The live ConfigMap's map (SGLang's trivial one before the first version)."""
+    shape = t.shape
+    if t.state.current is not None:
+        return t.state.current
+    return trivial_map(shape.num_layers, shape.num_experts, shape.num_slots)
+
+
+def preempted(t: Tick) -> bool:
+    """Planning takes seconds: a rollback published meanwhile wins (and numbers stay unique)."""
+    before = t.state.version
+    if adopt_live(t) or t.state.version != before:
+        t.count("moe_operator_placement_skips_total", "preempted")
+        return True
+    return False
+
+
+def push_each(
+    t: Tick, client: RuntimeClient, leaders: list[dict[str, Any]], targets: dict[str, tuple[int, np.ndarray]]
+) -> str:
+    """PUT each leader its own (version, map), at once; a note for the message. Version 0 (nothing
+    ever published) is not pushed: the runtime then keeps what its engine chose."""
+    todo = [p for p in leaders if targets.get(str(p["name"]), (0, None))[0] > 0]
+    if not todo:
+        return ""
+    if not client.has_token:
+        t.count("moe_operator_rebalance_failures_total", "push_refused")
+        return f"; 0 of {len(todo)} runtime(s) hold it, push refused: no token"
+    stamp = datetime.fromtimestamp(t.now, UTC)
+
+    def put(pod: dict[str, Any]) -> tuple[str, int, Pushed]:
+        version, phy2log = targets[str(pod["name"])]
+        return str(pod["name"]), version, client.push(pod["ip"], document.render(version, phy2log, stamp))
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(todo)))) as pool:
+        results = list(pool.map(put, todo))
+    refused = []
+    for name, version, pushed in results:
+        t.count("moe_operator_placement_pushes_total", pushed.result)
+        if pushed.refusal is None:
+            t.state.instances.setdefault(name, InstanceMemo()).version = version
+        else:
+            refused.append(f"{name}: {pushed.refusal}")
+    if not refused:
+        return ""
+    t.count("moe_operator_rebalance_failures_total", "push_refused")
+    return (
+        f"; {len(todo) - len(refused)} of {len(todo)} runtime(s) hold it, push refused: {', '.join(refused)}"
+    )
+
+
+def instance_status(t: Tick) -> list[dict[str, Any]]:
+    """status.placement.<pool>.instances: bounded, rounded (so noise does not rewrite status)."""
+    rows = []
+    for name, m in sorted(t.state.instances.items())[:MAX_STATUS_INSTANCES]:
+        row: dict[str, Any] = {"name": name, "version": m.version}
+        if m.measured is not None:
+            row["measuredBalancedness"] = round(min(1.0, m.measured), 2)
+        if m.predicted is not None:
+            row["predictedBalancedness"] = round(min(1.0, m.predicted), 3)
+        rows.append(row)
+    return rows
+
+
 def _changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
     """Anything but the evaluation time (and small balancedness jitter) differs."""
     for k, v in new.items():
@@ -381,9 +536,23 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
             continue
         if k == "measuredBalancedness" and old.get(k) is not None and abs(float(old[k]) - float(v)) < 0.01:
             continue
+        if k == "instances" and _same_instances(old.get(k) or [], v):
+            continue
         if old.get(k) != v:
             return True
     return False
+
+
+def _same_instances(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> bool:
+    """The same instances and versions, and each measured balancedness within 0.02."""
+    if [{**o, "measuredBalancedness": None} for o in old] != [
+        {**n, "measuredBalancedness": None} for n in new
+    ]:
+        return False
+    return all(
+        abs(float(o.get("measuredBalancedness") or 0) - float(n.get("measuredBalancedness") or 0)) < 0.02
+        for o, n in zip(old, new, strict=True)
+    )
 
 
 @kopf.timer(GROUP, PLURAL, interval=TICK_S, initial_delay=TICK_S)

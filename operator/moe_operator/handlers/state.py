@@ -30,6 +30,16 @@ APPLY_GRACE_S = 30.0  # how long an applied object counts as applied before the 
 
 
 @dataclass
+class InstanceMemo:
+    """What the loop remembers of one instance (eplb mode operator): its last push and change."""
+
+    version: int = 0  # pushed and taken
+    changed_at: float | None = None  # when this loop last gave it a new map
+    predicted: float | None = None  # what that map was predicted to reach
+    measured: float | None = None  # its own latest window, last evaluation
+
+
+@dataclass
 class PoolState:
     """The control loop's memory of one pool; rebuilt from status and ConfigMaps after a restart."""
 
@@ -42,6 +52,7 @@ class PoolState:
     loaded: bool = False
     restored_buckets: int = 0  # load-history buckets read back from the history ConfigMap
     refused: str | None = None  # the live ConfigMap content last refused (its event was posted)
+    instances: dict[str, InstanceMemo] = field(default_factory=dict)  # leader pod name -> memo
 
 
 @dataclass

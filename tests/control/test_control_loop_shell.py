@@ -1,0 +1,254 @@
+"""The control loop's shell in eplb mode operator, without a cluster: one evaluation per call of
+evaluate_pool against an in-memory API and runtimes that keep the sidecar's version rules
+(a lower version is refused, the same version only with the same map). The cluster test
+(test_control_loop_e2e.py) runs the same loop against the real apiserver and replay runtimes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import kopf
+import numpy as np
+import pytest
+import yaml
+
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api import keys as K
+from moe_operator.control.client import Pushed
+from moe_operator.control.evaluate import PoolShape
+from moe_operator.handlers import control_loop
+from moe_operator.handlers.metrics import OperatorMetrics
+from moe_operator.handlers.state import OperatorState, PoolState
+from moe_operator.handlers.wakeups import Wakeups
+from moe_operator.render.group import RuntimeSettings
+from moe_placement import document
+from moe_placement.maps import trivial_map
+
+REPO = Path(__file__).resolve().parents[2]
+L, E, R, G = 4, 32, 8, 8
+SHAPE = PoolShape(
+    num_layers=L, num_experts=E, num_redundant=R, num_gpus=G, num_nodes=1, num_groups=1, dispatch="static"
+)
+REFRESH = 10.0
+T0 = float(int(time.time()) - 3600)  # windows may not end in the future (parse_windows uses the clock)
+NS, NAME, UID = "ns", "ds", "uid-1"
+LIVE = f"/api/v1/namespaces/{NS}/configmaps/{NAME}-decode-placement"
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        token = base64.b64encode(b"secret").decode()
+        ref = {"controller": True, "uid": UID}
+        self.objects: dict[str, dict[str, Any]] = {
+            f"/api/v1/namespaces/{NS}/secrets/{NAME}-runtime-token": {
+                "metadata": {"ownerReferences": [ref]}, "data": {"token": token},
+            }
+        }  # fmt: skip
+
+    def get(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any] | None:
+        return self.objects.get(path)
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.objects[f"/api/v1/namespaces/{NS}/configmaps/{obj['metadata']['name']}"] = obj
+        return obj
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        self.objects.pop(f"/api/v1/namespaces/{namespace}/configmaps/{name}", None)
+
+
+class Runtime:
+    """One leader's sidecar: windows out, a held placement with the runtime's version rules."""
+
+    def __init__(self, hot: list[int], seed: int) -> None:
+        self.rng, self.hot, self.seq = np.random.default_rng(seed), hot, 0
+        self.windows: list[dict[str, Any]] = []
+        self.doc: dict[str, Any] | None = None
+        self.up = True
+
+    def emit(self, now: float) -> None:
+        rates = np.full((L, E), 2000.0)  # windows of many tokens: little sampling noise
+        rates[0], rates[1:, self.hot] = 0.0, 10000.0
+        self.seq += 1
+        self.windows.append({"seq": self.seq, "ended_at": now, "counts": self.rng.poisson(rates).tolist()})
+
+    def push(self, doc: dict[str, Any]) -> Pushed:
+        if self.doc is not None and doc["version"] < self.doc["version"]:
+            return Pushed("http_409", "older")
+        same = self.doc is not None and doc["version"] == self.doc["version"]
+        if same and doc["physicalToLogicalMap"] != self.doc["physicalToLogicalMap"]:  # type: ignore[index]
+            return Pushed("http_409", "same version, another map")
+        self.doc = doc
+        return Pushed("ok", None)
+
+    @property
+    def map(self) -> list[list[int]]:
+        assert self.doc is not None
+        return list(self.doc["physicalToLogicalMap"])
+
+
+class FakeClient:
+    runtimes: dict[str, Runtime] = {}
+
+    def __init__(self, token: str | None = None) -> None:
+        self.has_token = bool(token)
+
+    def __enter__(self) -> FakeClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+    def _up(self, ip: str) -> Runtime:
+        rt = self.runtimes[ip]
+        if not rt.up:
+            raise control_loop.RuntimeAnswerError("ConnectError")
+        return rt
+
+    def windows(self, ip: str, after: int) -> dict[str, Any]:
+        rt = self._up(ip)
+        return {"windows": [w for w in rt.windows if w["seq"] > after], "latest_seq": rt.seq}
+
+    def placement(self, ip: str) -> dict[str, Any]:
+        doc = self._up(ip).doc
+        if doc is None:
+            return {"version": None}
+        return {"version": doc["version"], "physical_to_logical_map": doc["physicalToLogicalMap"]}
+
+    def push(self, ip: str, doc: dict[str, Any]) -> Pushed:
+        try:
+            return self._up(ip).push(doc)
+        except control_loop.RuntimeAnswerError:
+            return Pushed("unreachable", "ConnectError")
+
+
+class Loop:
+    """The pool's evaluations, one refreshInterval apart, status carried between them."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, runtimes: dict[str, Runtime]) -> None:
+        obj = yaml.safe_load((REPO / "examples" / "deepseek-v3-gb200.yaml").read_text())
+        obj["spec"].pop("prefill", None)
+        obj["spec"]["eplb"].update(
+            refreshInterval="10s", minInterval="10s", minImprovement=0.05, history="5m"
+        )
+        self.spec = MoEDeploymentSpec.model_validate(obj["spec"])
+        self.kube = FakeKube()
+        self.op = OperatorState(
+            kube=self.kube,
+            settings=RuntimeSettings(),
+            metrics=OperatorMetrics(),
+            wakeups=Wakeups(5.0),  # type: ignore[arg-type]
+        )
+        self.body = kopf.Body({"metadata": {"name": NAME, "namespace": NS, "uid": UID,
+                                            "creationTimestamp": "2027-01-15T08:00:00Z"}})  # fmt: skip
+        self.state, self.status, self.now = PoolState(), {}, T0
+        self.runtimes, self.events = runtimes, []
+        FakeClient.runtimes = {f"10.0.0.{i}": rt for i, rt in enumerate(runtimes.values())}
+        monkeypatch.setattr(control_loop, "RuntimeClient", FakeClient)
+        monkeypatch.setattr(kopf, "event", lambda *a, **kw: self.events.append(kw["message"]))
+
+    def tick(self) -> dict[str, Any]:
+        self.now += REFRESH
+        for rt in self.runtimes.values():
+            if rt.up:
+                rt.emit(self.now - 1.0)
+        leaders = [
+            {"name": name, "uid": f"{name}-uid", "ip": f"10.0.0.{i}"} for i, name in enumerate(self.runtimes)
+        ]
+        t = control_loop.Tick(
+            self.op, self.body, self.spec, "decode", SHAPE, self.state, self.status, self.now
+        )
+        out = control_loop.evaluate_pool(t, leaders, logging.getLogger("test"))
+        assert out is not None
+        self.status = {**self.status, **out}
+        if LIVE in self.kube.objects:  # the engine takes the higher version: none may lag the ConfigMap
+            live = self.live()["version"]
+            assert all(rt.doc and rt.doc["version"] >= live for rt in self.runtimes.values() if rt.up), out
+        return out
+
+    def live(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.kube.objects[LIVE]["data"]["placement.json"])
+        return doc
+
+
+@pytest.fixture()
+def two(monkeypatch: pytest.MonkeyPatch) -> Loop:
+    loop = Loop(
+        monkeypatch, {"ds-decode-0-0": Runtime([0, 1, 2], 1), "ds-decode-1-0": Runtime([20, 21, 22], 2)}
+    )
+    loop.now = T0 - REFRESH  # the deployment was created one refresh before the first tick
+    loop.body = kopf.Body({"metadata": {"name": NAME, "namespace": NS, "uid": UID,
+                                        "creationTimestamp": control_loop._iso(T0 - 2 * REFRESH)}})  # fmt: skip
+    return loop
+
+
+def test_each_instance_is_pushed_its_own_map_under_the_pools_version(two: Loop) -> None:
+    a, b = two.runtimes.values()
+    out = two.tick()
+    assert out["version"] == 1 and "new placement for 2 of 2" in out["message"], out["message"]
+    assert a.doc and b.doc and a.doc["version"] == b.doc["version"] == two.live()["version"] == 1
+    assert a.map != b.map, "different traffic, one map"
+    live_cm = two.kube.objects[LIVE]
+    prov = json.loads(live_cm["metadata"]["annotations"][K.PLACEMENT_PROVENANCE])
+    assert set(prov["instances"]) == {"ds-decode-0-0", "ds-decode-1-0"}
+    assert [r["name"] for r in out["instances"]] == ["ds-decode-0-0", "ds-decode-1-0"]
+    assert all(r["version"] == 1 and r["predictedBalancedness"] > 0 for r in out["instances"])
+
+    # the same traffic again: nothing worth moving; each keeps its map under v1 (re-pushed, fresh)
+    kept = a.map, b.map
+    out = two.tick()
+    assert "version" not in out and "no instance gets a new placement" in out["message"], out["message"]
+    assert (a.map, b.map) == kept and a.doc["version"] == b.doc["version"] == 1
+
+    # b's traffic moves: b changes, a keeps its map but takes v2 (never below the live ConfigMap)
+    b.hot = [5, 6, 7]
+    for _ in range(3):
+        out = two.tick()
+        if out.get("version") == 2:
+            break
+    assert out.get("version") == 2 and "new placement for 1 of 2" in out["message"], out["message"]
+    assert a.map == kept[0] and b.map != kept[1]
+    assert a.doc["version"] == b.doc["version"] == two.live()["version"] == 2
+
+
+def test_restarted_unreachable_and_rolled_back_instances(two: Loop) -> None:
+    a, b = two.runtimes.values()
+    two.tick()
+    # b goes away: named unreachable, neither planned nor pushed; a goes on
+    b.up = False
+    out = two.tick()
+    assert "unreachable: ds-decode-1-0" in out["message"], out["message"]
+    # b comes back as a new runtime (nothing held, windows from 1): it runs the live map, so it
+    # is pushed the pool's version at once, with the live ConfigMap's map
+    restarted = Runtime([20, 21, 22], 3)
+    two.runtimes["ds-decode-1-0"] = restarted
+    FakeClient.runtimes["10.0.0.1"] = restarted
+    out = two.tick()
+    live = two.live()
+    assert restarted.doc is not None and restarted.doc["version"] >= live["version"]
+    assert restarted.doc["version"] > live["version"] or restarted.map == live["physicalToLogicalMap"]
+    # a rollback (published outside the loop, paused) restores one map on every instance
+    version = max(a.doc["version"], restarted.doc["version"]) + 1  # type: ignore[index]
+    old = trivial_map(L, E, E + R)
+    cm = two.kube.objects[LIVE]
+    cm = {
+        **cm,
+        "data": {
+            "placement.json": json.dumps(
+                document.render(version, old, control_loop.datetime.fromtimestamp(two.now, control_loop.UTC))
+            )
+        },
+    }
+    cm["metadata"] = {
+        **cm["metadata"],
+        "annotations": {**cm["metadata"]["annotations"], K.PLACEMENT_PAUSED: "rollback of v1"},
+    }
+    two.kube.objects[LIVE] = cm
+    out = two.tick()
+    assert out["version"] == version and "paused" in out["message"], out["message"]
+    for rt in (a, restarted):
+        assert rt.doc is not None and rt.doc["version"] == version and rt.map == old.tolist()
