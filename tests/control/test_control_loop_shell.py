@@ -68,9 +68,12 @@ class Runtime:
         self.rng, self.hot, self.seq = np.random.default_rng(seed), hot, 0
         self.windows: list[dict[str, Any]] = []
         self.doc: dict[str, Any] | None = None
-        self.up = True
+        self.up, self.silent = True, 0  # silent: evaluations to come without a new window
 
     def emit(self, now: float) -> None:
+        if self.silent:
+            self.silent -= 1
+            return
         rates = np.full((L, E), 2000.0)  # windows of many tokens: little sampling noise
         rates[0], rates[1:, self.hot] = 0.0, 10000.0
         self.seq += 1
@@ -147,6 +150,7 @@ class Loop:
                                             "creationTimestamp": "2027-01-15T08:00:00Z"}})  # fmt: skip
         self.state, self.status, self.now = PoolState(), {}, T0
         self.runtimes, self.events = runtimes, []
+        self.uids: dict[str, str] = {}  # leader pod -> uid (a recreated pod keeps its name)
         FakeClient.runtimes = {f"10.0.0.{i}": rt for i, rt in enumerate(runtimes.values())}
         monkeypatch.setattr(control_loop, "RuntimeClient", FakeClient)
         monkeypatch.setattr(kopf, "event", lambda *a, **kw: self.events.append(kw["message"]))
@@ -157,7 +161,8 @@ class Loop:
             if rt.up:
                 rt.emit(self.now - 1.0)
         leaders = [
-            {"name": name, "uid": f"{name}-uid", "ip": f"10.0.0.{i}"} for i, name in enumerate(self.runtimes)
+            {"name": name, "uid": self.uids.get(name, "uid-0"), "ip": f"10.0.0.{i}"}
+            for i, name in enumerate(self.runtimes)
         ]
         t = control_loop.Tick(
             self.op, self.body, self.spec, "decode", SHAPE, self.state, self.status, self.now
@@ -222,15 +227,24 @@ def test_restarted_unreachable_and_rolled_back_instances(two: Loop) -> None:
     b.up = False
     out = two.tick()
     assert "unreachable: ds-decode-1-0" in out["message"], out["message"]
-    # b comes back as a new runtime (nothing held, windows from 1): it runs the live map, so it
-    # is pushed the pool's version at once, with the live ConfigMap's map
+    # b comes back as a recreated pod (same name, new uid, nothing held, windows from 1): it runs
+    # the live map, so it is pushed the pool's version at once, with the live ConfigMap's map
     restarted = Runtime([20, 21, 22], 3)
+    restarted.silent = 1  # up, no window yet: not planned (it was quiet too long), but pushed
     two.runtimes["ds-decode-1-0"] = restarted
+    two.uids["ds-decode-1-0"] = "uid-new"
     FakeClient.runtimes["10.0.0.1"] = restarted
+    two.now += 2 * REFRESH  # b's last window before the restart is no longer fresh
     out = two.tick()
     live = two.live()
-    assert restarted.doc is not None and restarted.doc["version"] >= live["version"]
-    assert restarted.doc["version"] > live["version"] or restarted.map == live["physicalToLogicalMap"]
+    assert "ds-decode-1-0:" not in out["message"], out["message"]
+    assert restarted.doc is not None and restarted.doc["version"] == live["version"]
+    assert restarted.map == live["physicalToLogicalMap"]
+    out = two.tick()  # its first window: planned again, on its history from both pods
+    keys = {w.instance for w in two.state.history.windows}
+    assert {"ds-decode-1-0/uid-0", "ds-decode-1-0/uid-new"} <= keys, keys
+    assert "ds-decode-1-0:" in out["message"], out["message"]
+    assert [r["name"] for r in out["instances"]] == ["ds-decode-0-0", "ds-decode-1-0"]
     # a rollback (published outside the loop, paused) restores one map on every instance
     version = max(a.doc["version"], restarted.doc["version"]) + 1  # type: ignore[index]
     old = trivial_map(L, E, E + R)
