@@ -33,6 +33,12 @@ def install_crd(box: Sandbox) -> None:
         wait_for(served, 30, what="MoEDeployment CRD served")
 
 
+# What the shipped examples need the platform to grant (policies/platform/examples.yaml), for the
+# per-test namespaces (moe_sandbox.testing: t-*): node-local weights under /raid/models and host
+# networking. The defaults refuse both; tests/api and tests/security check that.
+EXAMPLE_GRANTS = ("--host-path-prefixes", "/raid/models", "--host-network-namespaces", "t-*")
+
+
 class OperatorProcess:
     """One `moe-operator run` process; restartable and killable like a real pod."""
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from moe_sandbox.cluster import Sandbox
-from operator_harness import OperatorProcess, install_crd
+from operator_harness import EXAMPLE_GRANTS, OperatorProcess, install_crd
 
 
 @pytest.fixture(scope="session")
 def moe_operator(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """The real operator (reconciler + webhook) running against the session's sandbox."""
     install_crd(sandbox)
-    proc = OperatorProcess(sandbox, Path(tmp_path_factory.mktemp("operator")))
+    proc = OperatorProcess(sandbox, Path(tmp_path_factory.mktemp("operator")), extra_args=EXAMPLE_GRANTS)
     proc.start()
     try:
         yield proc

@@ -11,7 +11,7 @@ import pytest
 from test_reconciler import example, wait_ready
 
 from moe_sandbox.cluster import Sandbox
-from operator_harness import OperatorProcess, bind_model_volume, moed_path
+from operator_harness import EXAMPLE_GRANTS, OperatorProcess, bind_model_volume, moed_path
 
 pytestmark = pytest.mark.cluster
 
@@ -22,7 +22,7 @@ def without_webhook(
 ) -> Iterator[OperatorProcess]:
     """The session's operator stopped, one with --no-webhook in its place; then the usual one again."""
     moe_operator.stop()
-    bare = OperatorProcess(sandbox, tmp_path, extra_args=("--no-webhook",))
+    bare = OperatorProcess(sandbox, tmp_path, extra_args=("--no-webhook", *EXAMPLE_GRANTS))
     try:
         bare.start()
         yield bare

@@ -28,12 +28,14 @@ class InitLocation:
 
 
 def prepare(cfg: EngineConfig, state_dir: Path) -> InitLocation:
-    """Pick the highest valid version among the mounted file and the sidecar's last accepted one."""
+    """Pick the highest valid version among the sidecar's last accepted one and the mounted file; on
+    a tie the pushed one, as the plugin does at a rebalance (an instance's own map is pushed under
+    the same version as the pool's map in the live ConfigMap)."""
     if cfg.eplb.mode == "off":
         return InitLocation(None, None, "trivial", ("eplb.mode off: no initial placement",))
     candidates = [exchange.placement_path(state_dir)]
     if cfg.eplb.placement_file:
-        candidates.insert(0, Path(cfg.eplb.placement_file))
+        candidates.append(Path(cfg.eplb.placement_file))
     notes: list[str] = []
     best: tuple[PlacementDoc, Path] | None = None
     for path in candidates:
