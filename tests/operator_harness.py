@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -13,7 +14,9 @@ from typing import Any
 
 import httpx
 
+from moe_contract.auth import DIGESTS_FILE, KEY_FIELD, instance_token
 from moe_operator.api import build_crd
+from moe_operator.api import keys as K
 from moe_sandbox.cluster import Sandbox, server_side_apply
 from moe_sandbox.testing import wait_for
 
@@ -190,14 +193,46 @@ def moed_path(namespace: str, name: str = "") -> str:
     return f"{MOED}/namespaces/{namespace}/moedeployments" + (f"/{name}" if name else "")
 
 
+def runtime_credentials(api: httpx.Client, namespace: str, name: str, dest: Path) -> tuple[Path, bytes]:
+    """What an engine pod mounts from the deployment's runtime Secret (dest/digests.json only) and
+    the key the operator derives instance tokens from. Returns the token file path a runtime is
+    given (it does not exist: the runtime checks tokens against the digests beside it) and the key."""
+    secret = api.get(f"/api/v1/namespaces/{namespace}/secrets/{name}-runtime-token").json()
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / DIGESTS_FILE).write_bytes(base64.b64decode(secret["data"][DIGESTS_FILE]))
+    key = bytes.fromhex(base64.b64decode(secret["data"][KEY_FIELD]).decode())
+    return dest / "token", key
+
+
+def pod_instance(pod: dict[str, Any]) -> str:
+    """The instance an engine pod belongs to (its MOE_INSTANCE), from its labels."""
+    labels = pod["metadata"]["labels"]
+    return f"{labels[K.DEPLOYMENT]}-{labels[K.POOL]}-{labels[K.INSTANCE]}"
+
+
+def auth_for(key: bytes, pod: dict[str, Any]) -> dict[str, str]:
+    """The Authorization header the operator sends to this pod's runtime."""
+    return {"Authorization": f"Bearer {instance_token(key, pod_instance(pod))}"}
+
+
 def start_replay(
-    ip: str, token_file: Path, log: Path, *, model: str, gpus: int, gpus_per_node: int, redundant: int
+    ip: str,
+    token_file: Path,
+    log: Path,
+    *,
+    instance: str,
+    model: str,
+    gpus: int,
+    gpus_per_node: int,
+    redundant: int,
 ) -> subprocess.Popen[bytes]:
-    """A replay runtime (the real sidecar API over a simulated engine) on a leader pod's IP, port 9400."""
+    """A replay runtime (the real sidecar API over a simulated engine) on a leader pod's IP, port 9400,
+    checking tokens as the pod of ``instance`` does."""
     args = [
         sys.executable, "-m", "moe_runtime.cli", "replay", "--host", ip, "--port", "9400",
         "--model", model, "--gpus", str(gpus), "--gpus-per-node", str(gpus_per_node),
         "--redundant", str(redundant), "--rebalance-iterations", "40", "--pass-interval", "0.01",
         "--tokens-per-pass", "1024", "--planner", "off", "--token-file", str(token_file), "--role", "decode",
+        "--instance", instance,
     ]  # fmt: skip
     return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)

@@ -38,6 +38,7 @@ import numpy as np
 import yaml
 from demo_prometheus import RuntimeTarget, episodes, identity, scrape_config, shorten_for, vector_by
 
+from moe_contract.auth import DIGESTS_FILE, KEY_FIELD, instance_token
 from moe_operator.topology import nodepools
 from moe_sandbox import toolchain
 from moe_sandbox.cluster import Sandbox
@@ -194,10 +195,15 @@ def cmd_runtimes(args: argparse.Namespace) -> int:
     (d / "marks.json").unlink(missing_ok=True)  # a new run
     with api() as c:
         pods = wait("leader pods with IPs", lambda: leaders(c, args.namespace, args.name), 60)
+        # As an engine pod mounts it: the digests of the instances' tokens only. The key (the
+        # operator's, to derive each instance's token) is kept for the load step's calls.
         secret = c.get(f"/api/v1/namespaces/{args.namespace}/secrets/{args.name}-runtime-token").json()
-        token = d / "runtime-token"
-        token.write_bytes(base64.b64decode(secret["data"]["token"]))
-        token.chmod(0o600)
+        (d / "token").mkdir(exist_ok=True)
+        (d / "token" / DIGESTS_FILE).write_bytes(base64.b64decode(secret["data"][DIGESTS_FILE]))
+        token = d / "token" / "token"  # absent: the runtime checks tokens against the digests beside it
+        key = d / "runtime-key"
+        key.write_bytes(base64.b64decode(secret["data"][KEY_FIELD]))
+        key.chmod(0o600)
         targets: list[dict[str, Any]] = []
         for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
             meta, labels = pod["metadata"], pod["metadata"]["labels"]
@@ -228,6 +234,7 @@ def cmd_runtimes(args: argparse.Namespace) -> int:
             )
             targets.append({"namespace": args.namespace, "deployment": args.name, "pool": pool,
                             "pod": pod_name, "ip": ip, "metrics_port": METRICS_PORT,
+                            "instance": meta["name"].rsplit("-", 1)[0],
                             "engine_port": int(cfg.get("ports", {}).get("http", 30000))})  # fmt: skip
     (d / "targets.json").write_text(json.dumps(targets, indent=1))
     say(
@@ -443,12 +450,12 @@ def latency_p95(family: str, over: str = "1m", at: float | None = None) -> dict[
 
 
 def set_load(targets: list[dict[str, Any]], rate: float) -> None:
-    token = (demo_dir() / "runtime-token").read_text().strip()
+    key = bytes.fromhex((demo_dir() / "runtime-key").read_text().strip())
     for t in targets:
         r = httpx.post(
             f"http://{t['ip']}:{SIDECAR_PORT}/v1/replay/load",
             json={"requestRate": rate},
-            headers={"Authorization": f"Bearer {token}"},
+            headers={"Authorization": f"Bearer {instance_token(key, t['instance'])}"},
             timeout=5,
         )
         r.raise_for_status()

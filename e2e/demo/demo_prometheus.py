@@ -25,6 +25,7 @@ class RuntimeTarget:
     ip: str
     metrics_port: int = 9402  # the runtime's metrics listener (moe_runtime_*), port `metrics`
     engine_port: int = 30000  # SGLang's HTTP port (sglang:*), port `http`
+    instance: str = ""  # the instance whose token the runtime takes (moe_contract.auth)
 
     def address(self, port: int) -> str:
         return f"{self.ip}:{port}"

@@ -3,7 +3,6 @@ count and report the refusal, leave everything else alone, and recover once push
 
 from __future__ import annotations
 
-import base64
 import signal
 import time
 from pathlib import Path
@@ -25,8 +24,9 @@ from e2e_moe import (
 )
 from e2e_target import Target
 
+from moe_contract.auth import DIGESTS_FILE, digests_document
 from moe_sandbox.testing import wait_for
-from operator_harness import start_replay
+from operator_harness import pod_instance, runtime_credentials, start_replay
 
 pytestmark = pytest.mark.cluster
 
@@ -65,16 +65,16 @@ def test_refused_push_keeps_old_placement_and_says_so(
     assert len(leaders) == 2
     ips = [p["status"]["podIP"] for p in leaders]
     bad_pod = leaders[1]["metadata"]["name"]
-    secret = api.get(f"/api/v1/namespaces/{deployed}/secrets/{name}-runtime-token").json()
-    token = base64.b64decode(secret["data"]["token"])
-    tokens = [tmp_path / "token-0", tmp_path / "token-1"]
-    for t in tokens:
-        t.write_bytes(token)
+    # What each engine pod mounts: the digests of the instances' tokens, in its own directory.
+    tokens = [runtime_credentials(api, deployed, name, tmp_path / f"token-{i}")[0] for i in range(2)]
+    digests = tokens[1].with_name(DIGESTS_FILE)
+    mounted = digests.read_bytes()
     procs = [
         start_replay(
             ip,
             tokens[i],
             tmp_path / f"replay-{i}.log",
+            instance=pod_instance(leaders[i]),
             model="qwen3-30b-a3b",
             gpus=8,
             gpus_per_node=8,
@@ -92,8 +92,8 @@ def test_refused_push_keeps_old_placement_and_says_so(
         old = _held(ips[1])
         pods = identity(engine_pods(api, deployed, name))
 
-        # Runtime 1 starts refusing every push (its token no longer matches the operator's Secret).
-        tokens[1].write_text("not-the-operator-token")
+        # Runtime 1 starts refusing every push (its digests no longer match the operator's key).
+        digests.write_text(digests_document(b"not-the-operators-key-0123456789", [pod_instance(leaders[1])]))
         broke = time.monotonic()
 
         def reported() -> dict[str, Any] | None:
@@ -106,7 +106,9 @@ def test_refused_push_keeps_old_placement_and_says_so(
         # The refusing runtime keeps the placement it had; the other one has the operator's current one.
         assert _held(ips[1]) == old
         assert (_held(ips[0]) or 0) >= refused["version"]
-        assert f"{leaders[0]['metadata']['name']}:" not in refused["message"].split("push refused", 1)[1]
+        assert "1 of 2 runtime(s) hold it, push refused" in refused["message"], refused[
+            "message"
+        ]  # only runtime 1
         text = httpx.get(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=5).text
         labels = {"namespace": deployed, "deployment": name, "pool": "decode"}
         assert metric(text, "moe_operator_rebalance_failures_total", reason="push_refused", **labels) >= 1
@@ -118,7 +120,7 @@ def test_refused_push_keeps_old_placement_and_says_so(
         assert is_ready(get_moed(api, deployed, name))
         assert not events(api, deployed, "GroupRestarting")
 
-        tokens[1].write_bytes(token)
+        digests.write_bytes(mounted)
         fixed = time.monotonic()
 
         def recovered() -> bool:

@@ -14,10 +14,9 @@ import yaml
 
 from moe_contract.flags import resolve, router_catalog
 from moe_operator.cli import main
-from moe_operator.cli.render import TOKEN_PLACEHOLDER
 from moe_operator.render.children import render_children
 from moe_operator.render.group import Owner, RuntimeSettings
-from moe_operator.render.shared import router_objects
+from moe_operator.render.shared import KEY_PLACEHOLDER, router_objects
 from render_cases import TWO_CLIQUE_PLAN, gb200_decode_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +53,7 @@ def test_render_prints_every_child(example: Path, capsys: pytest.CaptureFixture[
         assert ref["kind"] == "MoEDeployment" and ref["name"] == name
         assert "moe.inference.dev/spec-hash" in meta.get("annotations", {}) or obj["kind"] == "Secret"
     (secret,) = [o for o in objects if o["kind"] == "Secret"]
-    assert secret["stringData"]["token"] == TOKEN_PLACEHOLDER, "a preview never holds a real token"
+    assert secret["stringData"]["key"] == KEY_PLACEHOLDER, "a preview never holds a real key"
     for config in [o for o in objects if o["kind"] == "ConfigMap"]:
         json.loads(config["data"]["engine.json"])
 

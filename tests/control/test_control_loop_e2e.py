@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -17,9 +16,10 @@ import httpx
 import pytest
 import yaml
 
+from moe_contract.auth import instance_token
 from moe_operator.control import history_store
 from moe_sandbox.testing import wait_for
-from operator_harness import OperatorProcess, moed_path, start_replay
+from operator_harness import OperatorProcess, moed_path, runtime_credentials, start_replay
 
 pytestmark = pytest.mark.cluster
 
@@ -56,6 +56,8 @@ def test_control_loop_balances_each_instance(
     obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-gb200.yaml").read_text())
     name = obj["metadata"]["name"]
     obj["spec"].pop("prefill")
+    # the claim the `deployed` fixture binds (a host path is not a volume tenants may use)
+    obj["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
     obj["spec"]["decode"].update({"replicas": 2, "nodesPerReplica": 4, "attentionDataParallel": 16})
     obj["spec"]["eplb"].update(
         {"redundantExperts": 16, "refreshInterval": f"{REFRESH_S}s", "minInterval": f"{REFRESH_S}s",
@@ -86,13 +88,12 @@ def test_control_loop_balances_each_instance(
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    secret = api.get(f"/api/v1/namespaces/{deployed}/secrets/{name}-runtime-token").json()
-    token_file = tmp_path / "token"
-    token_file.write_bytes(base64.b64decode(secret["data"]["token"]))
+    token_file, key = runtime_credentials(api, deployed, name, tmp_path / "token")
+    instances = [n.rsplit("-", 1)[0] for n in pod_names]  # a leader pod is <instance>-0
 
     def replay(i: int) -> subprocess.Popen[bytes]:
         return start_replay(
-            ips[i], token_file, tmp_path / f"replay-{i}.log", model="deepseek-v3", gpus=16,
+            ips[i], token_file, tmp_path / f"replay-{i}.log", instance=instances[i], model="deepseek-v3", gpus=16,
             gpus_per_node=4, redundant=16,
         )  # fmt: skip
 
@@ -165,7 +166,7 @@ def test_control_loop_balances_each_instance(
         # The traffic shifts (hot experts move) on runtime 1 only: its placement stops fitting (its
         # measured balancedness drops), the loop plans it for its new traffic and it recovers;
         # runtime 0 keeps its own map. Two instances, two maps, each pushed its own.
-        auth = {"Authorization": f"Bearer {token_file.read_text().strip()}"}
+        auth = {"Authorization": f"Bearer {instance_token(key, instances[1])}"}  # runtime 1's own token
         r = httpx.post(f"http://{ips[1]}:9400/v1/replay/shift", json={"seed": 7}, headers=auth, timeout=5)
         assert r.status_code == 200, r.text
         timeline.append(f"t={time.monotonic() - start:5.1f}s --- traffic shifted on runtime 1 ---")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
+from moe_contract.auth import instance_token
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.control.client import Pushed
@@ -25,7 +26,8 @@ from moe_operator.handlers import control_loop
 from moe_operator.handlers.metrics import OperatorMetrics
 from moe_operator.handlers.state import OperatorState, PoolState
 from moe_operator.handlers.wakeups import Wakeups
-from moe_operator.render.group import RuntimeSettings
+from moe_operator.render.group import Owner, RuntimeSettings
+from moe_operator.render.shared import token_secret
 from moe_placement import document
 from moe_placement.maps import trivial_map
 
@@ -36,19 +38,18 @@ SHAPE = PoolShape(
 )
 REFRESH = 10.0
 T0 = float(int(time.time()) - 3600)  # windows may not end in the future (parse_windows uses the clock)
+KEY = bytes(range(32))  # the deployment's runtime key (moe_contract.auth)
 NS, NAME, UID = "ns", "ds", "uid-1"
 LIVE = f"/api/v1/namespaces/{NS}/configmaps/{NAME}-decode-placement"
 
 
 class FakeKube:
     def __init__(self) -> None:
-        token = base64.b64encode(b"secret").decode()
-        ref = {"controller": True, "uid": UID}
+        rendered = token_secret(Owner(NAME, NS, UID), KEY)
+        data = {k: base64.b64encode(v.encode()).decode() for k, v in rendered["stringData"].items()}
         self.objects: dict[str, dict[str, Any]] = {
-            f"/api/v1/namespaces/{NS}/secrets/{NAME}-runtime-token": {
-                "metadata": {"ownerReferences": [ref]}, "data": {"token": token},
-            }
-        }  # fmt: skip
+            f"/api/v1/namespaces/{NS}/secrets/{NAME}-runtime-token": {**rendered, "data": data}
+        }
 
     def get(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any] | None:
         return self.objects.get(path)
@@ -97,8 +98,11 @@ class Runtime:
 class FakeClient:
     runtimes: dict[str, Runtime] = {}
 
-    def __init__(self, token: str | None = None) -> None:
-        self.has_token = bool(token)
+    def __init__(self, tokens: dict[str, str] | None = None) -> None:
+        self.tokens = dict(tokens or {})
+        self.has_token = bool(tokens)
+        for ip, token in self.tokens.items():  # each runtime is called with its own instance's token
+            assert token == instance_token(KEY, f"{NAME}-decode-{int(ip.rsplit('.', 1)[1])}"), ip
 
     def __enter__(self) -> FakeClient:
         return self
@@ -161,7 +165,13 @@ class Loop:
             if rt.up:
                 rt.emit(self.now - 1.0)
         leaders = [
-            {"name": name, "uid": self.uids.get(name, "uid-0"), "ip": f"10.0.0.{i}"}
+            {
+                "name": name,
+                "uid": self.uids.get(name, "uid-0"),
+                "ip": f"10.0.0.{i}",
+                "pool": "decode",
+                "instance": i,
+            }
             for i, name in enumerate(self.runtimes)
         ]
         t = control_loop.Tick(

@@ -14,7 +14,6 @@ through the operator's authorized collector.
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import signal
@@ -28,9 +27,10 @@ import httpx
 import pytest
 import yaml
 
+from moe_contract.auth import instance_token
 from moe_operator.api.keys import BOOT_PLACEMENT
 from moe_sandbox.testing import wait_for
-from operator_harness import moed_path
+from operator_harness import moed_path, pod_instance, runtime_credentials
 
 pytestmark = pytest.mark.cluster
 
@@ -88,10 +88,13 @@ class Kubelet:
         self.running: dict[str, tuple[subprocess.Popen[bytes], str, int | None]] = {}  # uid -> proc, ip, v
         cm = api.get(f"/api/v1/namespaces/{namespace}/configmaps/{NAME}-decode-engine").json()
         (tmp / "engine.json").write_text(cm["data"]["engine.json"])
-        secret = api.get(f"/api/v1/namespaces/{namespace}/secrets/{NAME}-runtime-token").json()
-        token = base64.b64decode(secret["data"]["token"])
-        (tmp / "token").write_bytes(token)
-        self.auth = {"Authorization": f"Bearer {token.decode().strip()}"}
+        # What every engine pod mounts (the tokens' digests) and the key the operator derives them from.
+        self.token_file, self.key = runtime_credentials(api, namespace, NAME, tmp / "token")
+        self.instances: dict[str, str] = {}  # pod IP -> instance
+
+    def auth(self, ip: str) -> dict[str, str]:
+        """The header the operator sends to this runtime: its instance's own token."""
+        return {"Authorization": f"Bearer {instance_token(self.key, self.instances[ip])}"}
 
     def placement_file(self, pod: dict[str, Any]) -> tuple[Path | None, int | None]:
         """What the pod's `placement` volume holds when it starts, as the kubelet mounts it (the
@@ -117,11 +120,12 @@ class Kubelet:
             if uid in self.running:
                 continue
             ip, pod = p["status"]["podIP"], p["metadata"]["name"]
+            self.instances[ip] = pod_instance(p)
             placement, version = self.placement_file(p)
             args = [
                 sys.executable, "-m", "moe_runtime.cli", "replay", "--host", ip,
                 "--engine-config", str(self.tmp / "engine.json"), "--state-dir", str(self.tmp / uid),
-                "--token-file", str(self.tmp / "token"), "--instance", p["metadata"]["labels"][INSTANCE],
+                "--token-file", str(self.token_file), "--instance", pod_instance(p),
                 "--rebalance-iterations", "100", "--pass-interval", "0.01", "--tokens-per-pass", "1024",
                 "--recorder-interval", "1", "--planner", "off", "--reads", "token",  # as `launch`
                 *(["--placement-file", str(placement)] if placement else []),
@@ -185,9 +189,9 @@ def test_static_mode_collects_recorder_windows_and_rolls_a_better_placement_one_
         trivial = wait_for(lambda: settled(first), 60, interval=0.5, what="recorder windows on both runtimes")
         for ip in first:
             assert httpx.get(f"http://{ip}:9400/v1/status", timeout=5).status_code == 401
-            rep = httpx.get(f"http://{ip}:9400/v1/replay", headers=kubelet.auth, timeout=5).json()
+            rep = httpx.get(f"http://{ip}:9400/v1/replay", headers=kubelet.auth(ip), timeout=5).json()
             assert rep["mode"] == "static" and rep["rebalances"] == 0 and rep["recorder"]["dumps"] >= 2
-            status = httpx.get(f"http://{ip}:9400/v1/status", headers=kubelet.auth, timeout=5).json()
+            status = httpx.get(f"http://{ip}:9400/v1/status", headers=kubelet.auth(ip), timeout=5).json()
             assert status["load_source"] == "recorder" and status["plugin"] == {}
         note(f"recorder windows on both runtimes; trivial placement balancedness {trivial}")
 
@@ -273,7 +277,7 @@ def test_static_mode_collects_recorder_windows_and_rolls_a_better_placement_one_
             f"rolled to v{rolled_to}; balancedness {trivial} -> {after}; operator predicted {p['predictedBalancedness']}"
         )
         for ip in new:
-            st = httpx.get(f"http://{ip}:9400/v1/status", headers=kubelet.auth, timeout=5).json()
+            st = httpx.get(f"http://{ip}:9400/v1/status", headers=kubelet.auth(ip), timeout=5).json()
             assert st["placement"]["applied"]["source"] == "init", st["placement"]
             assert st["placement"]["applied"]["version"] == rolled_to, st["placement"]
             assert scrape(ip, 'moe_runtime_placement_pushes_total{result="accepted"}') in (None, 0.0)

@@ -360,7 +360,13 @@ def test_platform_policy_admits_what_the_operator_renders(api: httpx.Client, pla
             {"name": "model", "hostPath": {"path": "/raid/models/dsv3", "type": "Directory"}},
             {"name": "weights", "persistentVolumeClaim": {"claimName": "models"}},
             {"name": "engine-config", "configMap": {"name": "qwen-decode-engine"}},
-            {"name": "runtime-token", "secret": {"secretName": "qwen-runtime-token"}},
+            {
+                "name": "runtime-token",
+                "secret": {
+                    "secretName": "qwen-runtime-token",
+                    "items": [{"key": "digests.json", "path": "digests.json"}],
+                },
+            },
         ],
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, not_ready],
         hostNetwork=True,
@@ -376,6 +382,11 @@ def test_platform_policy_admits_what_the_operator_renders(api: httpx.Client, pla
         ports=[{"containerPort": 30000, "hostPort": 30000}],
     )
     assert platform_refusal(api, ns, granted) is None
+    # The runtime Secret whole (its key derives every instance's token) or another of its fields: refused.
+    for secret in ({"secretName": "qwen-runtime-token"},
+                   {"secretName": "qwen-runtime-token", "items": [{"key": "key", "path": "digests.json"}]}):  # fmt: skip
+        leaky = engine_pod(volumes=[{"name": "runtime-token", "secret": secret}])
+        assert platform_refusal(api, ns, leaky), f"the runtime key reached a pod: {secret}"
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from moe_contract.auth import instance_token, parse_digests, token_matches
 from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason, get_condition
 from moe_operator.lifecycle import GroupState, PodState
@@ -13,9 +15,10 @@ from moe_operator.reconcile.children import diff_children
 from moe_operator.reconcile.groups import group_actions
 from moe_operator.reconcile.observe import trusted_pods
 from moe_operator.reconcile.status import compute_status, ready_event, stop_status
-from moe_operator.reconcile.token import token_of
+from moe_operator.reconcile.token import instance_of, key_of
 from moe_operator.render.children import render_children
 from moe_operator.render.group import Owner, RuntimeSettings
+from moe_operator.render.shared import token_secret
 from moe_operator.topology.planner import TopologyPlan, Waiting
 from render_cases import TWO_CLIQUE_PLAN, gb200_decode_spec
 
@@ -244,17 +247,29 @@ def test_leaderworkerset_pods_are_trusted_by_their_controllers_statefulsets() ->
     assert [p["name"] for p in trusted_pods(pods, lws, "m")] == ["m-decode-0-0", "m-decode-0-0-1"]
 
 
-def test_a_token_secret_counts_only_when_this_deployment_owns_it() -> None:
-    mine = {
-        "metadata": {"ownerReferences": [{"uid": "uid-1", "controller": True}]},
-        "data": {"token": "c2VjcmV0"},
-    }
-    assert token_of(mine, "uid-1") == "secret"
-    assert token_of(mine, "uid-2") is None  # someone else's deployment
-    foreign = {"metadata": {}, "data": {"token": "c2VjcmV0"}}  # made by hand under the expected name
-    assert token_of(foreign, "uid-1") is None
-    not_controller = {"metadata": {"ownerReferences": [{"uid": "uid-1"}]}, "data": {"token": "c2VjcmV0"}}
-    assert token_of(not_controller, "uid-1") is None
-    for data in ({}, {"token": "!!!"}, {"token": ""}, {"token": 5}):
-        assert token_of({"metadata": mine["metadata"], "data": data}, "uid-1") is None
-    assert token_of(None, "uid-1") is None
+def test_a_key_secret_counts_only_when_this_deployment_owns_it_and_it_is_well_formed() -> None:
+    owner = {"ownerReferences": [{"uid": "uid-1", "controller": True}]}
+    rendered = token_secret(Owner("m", "ns", "uid-1"), bytes(range(32)))["stringData"]
+    data = {k: base64.b64encode(v.encode()).decode() for k, v in rendered.items()}
+    mine = {"metadata": owner, "data": data}
+    assert key_of(mine, "uid-1") == bytes(range(32))
+    assert key_of(mine, "uid-2") is None  # someone else's deployment
+    assert key_of({"metadata": {}, "data": data}, "uid-1") is None  # made by hand under the name
+    assert key_of({"metadata": {"ownerReferences": [{"uid": "uid-1"}]}, "data": data}, "uid-1") is None
+    b64 = base64.b64encode
+    for bad in (
+        {},
+        {"token": "c2VjcmV0"},  # an older operator's shared token: replaced, never used
+        {**data, "key": "!!!"},
+        {**data, "key": b64(b"abcd").decode()},  # too short
+        {**data, "key": b64(b"zz" * 32).decode()},  # not hex
+        {"key": data["key"]},  # no digests for the pods
+    ):
+        assert key_of({"metadata": owner, "data": bad}, "uid-1") is None, bad
+    assert key_of(None, "uid-1") is None
+    # The digests open each instance with its own token only; the pods never see the key.
+    digests = parse_digests(rendered["digests.json"])
+    assert len(digests) == 2 * 256 and bytes(range(32)).hex() not in rendered["digests.json"]
+    pod = {"pool": "decode", "instance": 3}
+    assert token_matches(digests, "m-decode-3", instance_token(bytes(range(32)), instance_of(pod, "m")))
+    assert not token_matches(digests, "m-decode-2", instance_token(bytes(range(32)), instance_of(pod, "m")))

@@ -36,4 +36,4 @@ def rendered(example: str, namespace: str, name: str | None = None) -> list[dict
     nodes = [node_from_object(o) for o in load_nodes(None)]
     plan = plan_topology(pool_requests(spec), nodes, topology_policy(spec))
     assert not plan.waiting, plan.waiting
-    return [*render_children(spec, owner, plan, RuntimeSettings()), token_secret(owner, "placeholder")]
+    return [*render_children(spec, owner, plan, RuntimeSettings()), token_secret(owner, bytes(32))]

@@ -9,10 +9,18 @@ from typing import Any
 
 import httpx
 import pytest
-from test_hostile_pods import REFRESH_S, _leaders, _spec, _token_file
+from test_hostile_pods import REFRESH_S, _leaders, _spec
 
 from moe_sandbox.testing import wait_for
-from operator_harness import OperatorProcess, bind_model_volume, moed_path, start_replay
+from operator_harness import (
+    OperatorProcess,
+    auth_for,
+    bind_model_volume,
+    moed_path,
+    pod_instance,
+    runtime_credentials,
+    start_replay,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -27,17 +35,17 @@ def test_a_corrupted_live_placement_is_refused_and_balancing_continues(
     obj["spec"]["eplb"].update({"redundantExperts": 16, "minImprovement": 0.0})
     assert api.post(moed_path(namespace), json=obj).status_code == 201
     (leader,) = _leaders(api, namespace, "corrupt", "decode", 1)
+    token_file, key = runtime_credentials(api, namespace, "corrupt", tmp_path / "token")
     replay = start_replay(
-        leader["status"]["podIP"], _token_file(api, namespace, "corrupt", tmp_path), tmp_path / "replay.log",
+        leader["status"]["podIP"], token_file, tmp_path / "replay.log", instance=pod_instance(leader),
         model="deepseek-v3", gpus=16, gpus_per_node=4, redundant=16,
     )  # fmt: skip
     live = f"/api/v1/namespaces/{namespace}/configmaps/corrupt-decode-placement"
-    token = _token_file(api, namespace, "corrupt", tmp_path).read_text().strip()
 
     def shift(seed: int) -> None:
         """Move the hot experts, so that a new placement is worth publishing."""
         url = f"http://{leader['status']['podIP']}:9400/v1/replay/shift"
-        r = httpx.post(url, json={"seed": seed}, headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        r = httpx.post(url, json={"seed": seed}, headers=auth_for(key, leader), timeout=5)
         assert r.status_code == 200, r.text
 
     def version() -> int:

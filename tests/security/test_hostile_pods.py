@@ -4,7 +4,6 @@ future-dated) leave the operator's memory bounded while the other pool keeps bal
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 import sys
@@ -17,7 +16,14 @@ import pytest
 import yaml
 
 from moe_sandbox.testing import wait_for
-from operator_harness import OperatorProcess, bind_model_volume, moed_path, start_replay
+from operator_harness import (
+    OperatorProcess,
+    bind_model_volume,
+    moed_path,
+    pod_instance,
+    runtime_credentials,
+    start_replay,
+)
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -56,11 +62,14 @@ def _leaders(api: httpx.Client, namespace: str, name: str, pool: str, count: int
     return result
 
 
-def _token_file(api: httpx.Client, namespace: str, name: str, tmp: Path) -> Path:
-    secret = api.get(f"/api/v1/namespaces/{namespace}/secrets/{name}-runtime-token").json()
-    path = tmp / "token"
-    path.write_bytes(base64.b64decode(secret["data"]["token"]))
-    return path
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL: a runtime stuck writing a byte-a-second answer must not fail the test."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -84,8 +93,9 @@ def test_impostor_pod_gets_no_request_and_restarts_nothing(
     obj["spec"]["eplb"]["redundantExperts"] = 16
     assert api.post(moed_path(namespace), json=obj).status_code == 201
     (leader,) = _leaders(api, namespace, "imp", "decode", 1)
+    token_file, _ = runtime_credentials(api, namespace, "imp", tmp_path / "token")
     replay = start_replay(
-        leader["status"]["podIP"], _token_file(api, namespace, "imp", tmp_path), tmp_path / "replay.log",
+        leader["status"]["podIP"], token_file, tmp_path / "replay.log", instance=pod_instance(leader),
         model="deepseek-v3", gpus=16, gpus_per_node=4, redundant=16,
     )  # fmt: skip
     impostor_log = tmp_path / "impostor.jsonl"
@@ -136,8 +146,7 @@ def test_impostor_pod_gets_no_request_and_restarts_nothing(
     finally:
         for proc in (replay, impostor_proc):
             if proc is not None:
-                proc.terminate()
-                proc.wait(10)
+                _stop(proc)
 
 
 def test_hostile_runtime_answers_leave_memory_bounded_and_the_other_pool_balancing(
@@ -147,7 +156,7 @@ def test_hostile_runtime_answers_leave_memory_bounded_and_the_other_pool_balanci
     assert api.post(moed_path(namespace), json=_spec("hostile")).status_code == 201
     prefill = _leaders(api, namespace, "hostile", "prefill", 2)
     (decode,) = _leaders(api, namespace, "hostile", "decode", 1)
-    token = _token_file(api, namespace, "hostile", tmp_path)
+    token, _ = runtime_credentials(api, namespace, "hostile", tmp_path / "token")
     assert moe_operator.proc is not None
     before = _peak_rss_mb(moe_operator.proc.pid)
     procs = [
@@ -155,6 +164,7 @@ def test_hostile_runtime_answers_leave_memory_bounded_and_the_other_pool_balanci
             p["status"]["podIP"],
             token,
             tmp_path / f"replay-{i}.log",
+            instance=pod_instance(p),
             model="deepseek-v3",
             gpus=32,
             gpus_per_node=4,
@@ -194,5 +204,4 @@ def test_hostile_runtime_answers_leave_memory_bounded_and_the_other_pool_balanci
         assert peak - before < 200, f"operator peak RSS grew from {before:.0f} to {peak:.0f} MB"
     finally:
         for proc in procs:
-            proc.terminate()
-            proc.wait(10)
+            _stop(proc)

@@ -24,8 +24,6 @@ from moe_operator.render.network import SelectorError
 from moe_operator.render.network import add_flags as add_network_flags
 from moe_operator.render.network import from_args as network_from_args
 
-TOKEN_PLACEHOLDER = "generated-by-the-operator-at-the-first-reconcile"
-
 
 class _Dumper(yaml.SafeDumper):
     """Multi-line strings (engine.json) as literal blocks, readable in a diff."""
@@ -108,7 +106,7 @@ def _render(args: argparse.Namespace) -> int:
     plan = plan_topology(pool_requests(spec), nodes, topology_policy(spec))
     objects = [
         *render_children(spec, owner, plan, settings, None, backend),
-        token_secret(owner, TOKEN_PLACEHOLDER),
+        token_secret(owner, None),  # a preview never holds the real key
     ]
     if args.output == "json":
         print(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2))

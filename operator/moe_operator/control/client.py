@@ -35,10 +35,10 @@ class RuntimeClient:
     """One per evaluation; talks to each leader's sidecar on the pod IP."""
 
     def __init__(
-        self, token: str | None = None, timeout_s: float = TIMEOUT_S, port: int = SIDECAR_PORT
+        self, tokens: Mapping[str, str] | None = None, timeout_s: float = TIMEOUT_S, port: int = SIDECAR_PORT
     ) -> None:
         self._http = httpx.Client(timeout=timeout_s)
-        self._token = token
+        self._tokens = dict(tokens or {})  # pod IP -> its instance's token (moe_contract.auth)
         self._deadline_s = timeout_s
         self._port = port
 
@@ -50,25 +50,27 @@ class RuntimeClient:
 
     @property
     def has_token(self) -> bool:
-        return bool(self._token)
+        return bool(self._tokens)
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+    def _headers(self, ip: str) -> dict[str, str]:
+        token = self._tokens.get(ip)
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def windows(self, ip: str, after: int) -> dict[str, Any]:
         """GET /v1/windows after a cursor (counts included)."""
         params = {"after": str(after), "counts": "true"}
-        return self._get_json(f"http://{ip}:{self._port}/v1/windows", params, MAX_ANSWER_BYTES)
+        return self._get_json(ip, "/v1/windows", params, MAX_ANSWER_BYTES)
 
     def placement(self, ip: str) -> dict[str, Any]:
         """GET /v1/placement: the version and map the runtime holds (checked by the caller)."""
-        return self._get_json(f"http://{ip}:{self._port}/v1/placement", {}, MAX_PLACEMENT_BYTES)
+        return self._get_json(ip, "/v1/placement", {}, MAX_PLACEMENT_BYTES)
 
-    def _get_json(self, url: str, params: dict[str, str], max_bytes: int) -> dict[str, Any]:
+    def _get_json(self, ip: str, path: str, params: dict[str, str], max_bytes: int) -> dict[str, Any]:
         """A JSON object read under a byte cap and a deadline, else RuntimeAnswerError."""
         started = time.monotonic()
+        url = f"http://{ip}:{self._port}{path}"
         try:
-            with self._http.stream("GET", url, params=params, headers=self._headers()) as resp:
+            with self._http.stream("GET", url, params=params, headers=self._headers(ip)) as resp:
                 if resp.status_code != 200:
                     raise RuntimeAnswerError(f"HTTP {resp.status_code}")
                 body = bytearray()
@@ -92,7 +94,7 @@ class RuntimeClient:
         """PUT a placement document; the runtime validates it against its engine."""
         try:
             resp = self._http.put(
-                f"http://{ip}:{self._port}/v1/placement", json=dict(doc), headers=self._headers()
+                f"http://{ip}:{self._port}/v1/placement", json=dict(doc), headers=self._headers(ip)
             )
         except httpx.HTTPError as exc:
             return Pushed("unreachable", type(exc).__name__)

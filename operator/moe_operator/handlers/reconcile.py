@@ -21,6 +21,7 @@ from typing import Any
 
 import kopf
 
+from moe_contract.auth import KEY_BYTES
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason
@@ -40,7 +41,7 @@ from moe_operator.reconcile.children import ChildChanges, api_version, child_key
 from moe_operator.reconcile.groups import GroupActions, group_actions
 from moe_operator.reconcile.observe import group_states, node_snapshot, previous_sites, trusted_pods
 from moe_operator.reconcile.status import Event, compute_status, ready_event, status_changed, stop_status
-from moe_operator.reconcile.token import token_of
+from moe_operator.reconcile.token import key_of, owned_by
 from moe_operator.render import labels as L
 from moe_operator.render.children import placement_versions, render_children
 from moe_operator.render.group import LWS_API_VERSION, GroupBackend, Owner, token_secret_name
@@ -218,10 +219,12 @@ def place_groups(t: Target, spec: MoEDeploymentSpec, group_objects: list[dict[st
 
 
 def ensure_token(t: Target) -> bool:
-    """The runtime token: created once, kept across reconciles and operator restarts. Looked up once
-    per deployment and process rather than watched: the operator needs no list/watch on Secrets
-    (the control loop notices a deleted one and the next reconcile creates it again). A Secret of
-    that name the deployment does not own is never adopted: False after reporting it."""
+    """The runtime key Secret (instance tokens derive from it; pods mount only its digests): created
+    once, kept across reconciles and operator restarts. Looked up once per deployment and process
+    rather than watched: the operator needs no list/watch on Secrets (the control loop notices a
+    deleted one and the next reconcile creates it again). One the deployment owns without a key (an
+    older operator's shared token) is replaced; one it does not own is never adopted: False after
+    reporting it."""
     if t.state.token_present:
         return True
     kube, owner = t.op.kube, t.owner
@@ -229,12 +232,15 @@ def ensure_token(t: Target) -> bool:
     path = f"/api/v1/namespaces/{owner.namespace}/secrets/{name}"
     # A deployment never reconciled has none yet: create it without looking first.
     existing = None if "observedGeneration" not in t.status else kube.get(path)
-    if existing is None and kube.create(token_secret(owner, secrets.token_urlsafe(32))) is None:
+    if existing is None and kube.create(token_secret(owner, secrets.token_bytes(KEY_BYTES))) is None:
         existing = kube.get(path)  # it existed after all
-    if existing is not None and token_of(existing, owner.uid) is None:
+    if existing is not None and key_of(existing, owner.uid) is None and owned_by(existing, owner.uid):
+        kube.replace(path, token_secret(owner, secrets.token_bytes(KEY_BYTES)))
+        t.logger.info(f"Secret {name}: replaced an older runtime token by a key and per-instance digests")
+    elif existing is not None and key_of(existing, owner.uid) is None:
         stop(t, Reason.TOKEN_SECRET_NOT_OWNED, (
-            f"Secret {name} exists but was not made by this MoEDeployment (or holds no token), so it "
-            f"cannot be trusted to authorize placement pushes: delete it and the operator creates its own"
+            f"Secret {name} exists but was not made by this MoEDeployment, so it cannot be trusted to "
+            f"authorize placement pushes: delete it and the operator creates its own"
         ))  # fmt: skip
         return False
     t.state.token_present = True

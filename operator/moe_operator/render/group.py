@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from moe_contract import pod as P
+from moe_contract.auth import DIGESTS_FILE
 from moe_contract.pod import ENGINE_CONFIG_DIR, PLACEMENT_DIR, RUNTIME_DIR, TOKEN_DIR
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
@@ -255,7 +256,13 @@ def pod_template(
             "name": "placement",
             "configMap": {"name": placement_config_name(owner.name, pool), "optional": True},
         },
-        {"name": "runtime-token", "secret": {"secretName": token_secret_name(owner.name)}},
+        {
+            "name": "runtime-token",  # only the digests: the key, which derives every token, stays out
+            "secret": {
+                "secretName": token_secret_name(owner.name),
+                "items": [{"key": DIGESTS_FILE, "path": DIGESTS_FILE}],
+            },
+        },
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.engine.shared_memory_size}},
     ]
     if spec.model.volume is not None and spec.model.path:

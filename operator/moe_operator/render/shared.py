@@ -7,11 +7,13 @@ import json
 import math
 from typing import Any
 
+from moe_contract.auth import DIGESTS_FILE, KEY_FIELD, digests_document
 from moe_contract.flags import router_catalog
 from moe_contract.pod import SIDECAR_PORT, SIDECAR_PORT_NAME
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import Pool, pools
+from moe_operator.api.spec import PoolSpec
 from moe_operator.api.types import parse_duration
 from moe_operator.render import labels as L
 from moe_operator.render.engine import engine_config
@@ -261,12 +263,27 @@ def runtime_rbac(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]]:
     ]
 
 
-def token_secret(owner: Owner, token: str) -> dict[str, Any]:
-    """The bearer token the operator uses for runtime writes (created once, never rendered again)."""
+KEY_PLACEHOLDER = "generated-by-the-operator-at-the-first-reconcile"
+
+
+def instance_names(name: str) -> list[str]:
+    """Every instance name a deployment can have, within the spec's bound on replicas."""
+    most = max(m.le for m in PoolSpec.model_fields["replicas"].metadata if hasattr(m, "le"))
+    return [L.instance_name(name, pool, i) for pool in ("prefill", "decode") for i in range(int(most))]
+
+
+def token_secret(owner: Owner, key: bytes | None) -> dict[str, Any]:
+    """The runtime key (the operator derives each instance's token from it) and the digests that
+    engine pods mount (moe_contract.auth); created once, never rendered again. None: a preview."""
+    data = (
+        {KEY_FIELD: key.hex(), DIGESTS_FILE: digests_document(key, instance_names(owner.name))}
+        if key is not None
+        else {KEY_FIELD: KEY_PLACEHOLDER, DIGESTS_FILE: '{"digests":{}}'}
+    )
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": _meta(owner, token_secret_name(owner.name), "runtime"),
         "type": "Opaque",
-        "stringData": {"token": token},
+        "stringData": data,
     }
