@@ -26,7 +26,7 @@ from moe_sandbox.testing import wait_for
 pytestmark = pytest.mark.cluster
 
 GPU = os.environ.get("E2E_GPU_RESOURCE", "nvidia.com/gpu")
-SIDECAR = 9400
+METRICS = 9402  # the runtime's metrics listener (no token); its API on 9400 takes the instance's token
 REFRESH_S = 60
 
 
@@ -191,14 +191,14 @@ def test_qwen3_on_gpus_serves_and_rebalances(
             if p["metadata"]["labels"].get("apps.kubernetes.io/pod-index") == "0"
         )
 
-        def sidecar(path: str) -> httpx.Response:
-            return api.get(_proxy(ns, "pods", leader, SIDECAR, path))
+        def runtime_metrics() -> str:
+            return api.get(_proxy(ns, "pods", leader, METRICS, "/metrics")).text
 
         traffic.start()
         try:
             # Per-expert load reached the runtime: windows with routed tokens, a balancedness score.
             def expert_load() -> str | None:
-                text = sidecar("/metrics").text
+                text = runtime_metrics()
                 return text if metric(text, "moe_runtime_routed_assignments_total") > 0 else None
 
             text = wait_for(
@@ -216,10 +216,18 @@ def test_qwen3_on_gpus_serves_and_rebalances(
             recovery.record("Ready -> first placement version", time.monotonic() - started)
             cm = api.get(f"/api/v1/namespaces/{ns}/configmaps/{name}-decode-placement").json()
             assert int(cm["metadata"]["annotations"]["moe.inference.dev/placement-version"]) >= 1
+
+            # The runtime API takes only its instance's token, which the apiserver's proxy cannot carry
+            # (Authorization is the proxy's own credential): the operator records what each runtime
+            # accepted (status.placement.decode.instances), and the runtime counts the pushes it took.
+            def accepted() -> bool:
+                p = ((get_moed(api, ns, name).get("status") or {}).get("placement") or {}).get("decode") or {}
+                ok = metric(runtime_metrics(), "moe_runtime_placement_pushes_total", result="accepted") >= 1
+                return ok and any(int(i.get("version") or 0) >= 1 for i in p.get("instances") or [])
+
             held = wait_for(
-                lambda: (sidecar("/v1/placement").json().get("version") or 0) >= 1, 2 * REFRESH_S, interval=5,
-                what="the leader's sidecar holding the pushed placement",
-            )  # fmt: skip
+                accepted, 2 * REFRESH_S, interval=5, what="the leader's runtime holding the pushed placement"
+            )
             assert held
             print(
                 f"\nplacement v{placement['version']}: measured {placement.get('measuredBalancedness')}, "

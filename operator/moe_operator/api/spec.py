@@ -610,7 +610,8 @@ class MonitoringSpec(APIObject):
     pod_monitor: bool = Field(
         default=True,
         description="Create a PodMonitor (monitoring.coreos.com/v1) scraping every engine pod's SGLang "
-        "metrics (port http, spec.engine.port) and runtime sidecar (port runtime), and the router's "
+        "metrics (port http, spec.engine.port) and the runtime's metrics listener (port metrics, 9402), and "
+        "the router's "
         "metrics (port metrics), with the deployment and pool labels the alert rules group by. Skipped "
         "(with an event) while the cluster does not serve the monitoring.coreos.com CRDs.",
     )
