@@ -59,7 +59,15 @@ def replicas(
         for proc in (a, b):
             proc.stop(signal.SIGKILL)
         with sandbox.client() as api:
-            api.delete(f"{PEERING}/moe-operator")  # the other tests' operator runs alone again
+            # The other tests' operator runs alone again: with the peering CRD still served and no
+            # object, kopf would patch the missing record every few seconds (404 writes that the
+            # idle-operator test counts), so the CRD goes too.
+            api.delete(f"{PEERING}/moe-operator")
+            for crd in yaml.safe_load_all((REPO / "crds" / "kopf.dev-peerings.yaml").read_text()):
+                api.delete(
+                    f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+                )
+            wait_for(lambda: api.get(PEERING).status_code == 404, 60, what="peering CRD gone")
         moe_operator.start()
 
 
