@@ -10,7 +10,6 @@ mounts.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_runtime_listener import free_port, wait_for
+from test_runtime_listener import free_port, replay_process
 
 from moe_contract.auth import (
     DIGESTS_FILE,
@@ -86,18 +85,8 @@ def pod_runtime(tmp_path: Path) -> Iterator[int]:
         "--state-dir", str(tmp_path / "state"), "--token-file", str(tokens / "token"),
         "--reads", "token", "--planner", "off", "--poll-interval", "0.1",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(
-            lambda: httpx.get(f"http://127.0.0.1:{probes}/readyz", timeout=1).status_code == 200, what="ready"
-        )
+    with replay_process(cmd, probes, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
         yield api
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_a_runtime_accepts_only_its_own_instances_token(pod_runtime: int) -> None:

@@ -86,12 +86,21 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
         "--engine-port", str(engine), "--state-dir", str(tmp / "state"), "--token-file", str(tmp / "token"),
         "--reads", "token", "--planner", "off", "--poll-interval", "0.1",
     ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    rt = Runtime(api, probes, scrape, tmp / "state", proc)
-    try:
-        wait_for(lambda: httpx.get(rt.url(probes, "/readyz"), timeout=1).status_code == 200, what="ready")
+    with replay_process(cmd, probes, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        rt = Runtime(api, probes, scrape, tmp / "state", proc)
         wait_for(lambda: httpx.get(rt.url(api, "/v1/windows"), headers=AUTH, timeout=2).json()["windows"])
         yield rt
+
+
+@contextlib.contextmanager
+def replay_process(cmd: list[str], probes: int, **popen: Any) -> Iterator[subprocess.Popen[Any]]:
+    """A runtime process, ready (its probe listener's /readyz answers 200), stopped afterwards."""
+    proc = subprocess.Popen(cmd, **popen)
+    try:
+        wait_for(
+            lambda: httpx.get(f"http://127.0.0.1:{probes}/readyz", timeout=1).status_code == 200, what="ready"
+        )
+        yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
