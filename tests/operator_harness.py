@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +192,24 @@ def bind_model_volume(api: httpx.Client, namespace: str, claim: str) -> None:
 def moed_path(namespace: str, name: str = "") -> str:
     """REST path of a namespace's MoEDeployments, or of one."""
     return f"{MOED}/namespaces/{namespace}/moedeployments" + (f"/{name}" if name else "")
+
+
+def replace_fresh(
+    api: httpx.Client,
+    path: str,
+    mutate: Callable[[dict[str, Any]], None],
+    params: dict[str, str] | None = None,
+    tries: int = 10,
+) -> httpx.Response:
+    """GET, mutate, PUT; again on 409: the operator writes finalizers and status between a test's
+    read and its write, and a lost race is not the answer the test is asking about."""
+    for _ in range(tries):
+        current = api.get(path).json()
+        mutate(current)
+        resp = api.put(path, json=current, params=params)
+        if resp.status_code != 409 or "the object has been modified" not in resp.text:
+            return resp
+    return resp
 
 
 def runtime_credentials(api: httpx.Client, namespace: str, name: str, dest: Path) -> tuple[Path, bytes]:

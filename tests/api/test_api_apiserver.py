@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from moe_operator.api import build_crd
-from operator_harness import install_crd
+from operator_harness import install_crd, replace_fresh
 
 from .invalid_specs import BASE_SPEC, INVALID_SPECS, METADATA_CASES, InvalidSpec, build
 
@@ -122,9 +122,7 @@ def test_webhook_refuses_with_field_and_fix(
         else:
             created = api.post(base, json=_obj("bad", old))
             assert created.status_code in (201, 409), created.text
-            current = api.get(f"{base}/bad").json()
-            current["spec"] = spec
-            resp = api.put(f"{base}/bad", json=current, params=params)
+            resp = replace_fresh(api, f"{base}/bad", lambda current: current.update(spec=spec), params)
         assert resp.status_code == 422, f"{case.name}: {resp.status_code} {resp.text[:300]}"
         message = resp.json()["message"]
         field = case.field.split("[")[0].split(".")[-1]

@@ -8,6 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
+from operator_harness import replace_fresh
+
 from .extra_args_cases import ACCEPTED, REFUSED, ArgCase, spec_with
 
 pytestmark = pytest.mark.cluster
@@ -58,9 +60,11 @@ def test_webhook_refuses_an_update_to_an_ambiguous_flag(
     good = ArgCase("good", "decode", ("--cuda-graph-max-bs-decode", "128"))
     created = api.post(_path(namespace), json=_obj("flags", spec_with(good)))
     assert created.status_code == 201, created.text
-    current = created.json()
-    current["spec"]["decode"]["extraArgs"] = ["--cuda-graph-max-bs", "128"]
-    resp = api.put(f"{_path(namespace)}/flags", json=current)
+
+    def ambiguous(current: dict[str, Any]) -> None:
+        current["spec"]["decode"]["extraArgs"] = ["--cuda-graph-max-bs", "128"]
+
+    resp = replace_fresh(api, f"{_path(namespace)}/flags", ambiguous)
     assert resp.status_code == 422, resp.text
     assert "spec.decode.extraArgs[0]" in resp.json()["message"]
     kept = api.get(f"{_path(namespace)}/flags").json()

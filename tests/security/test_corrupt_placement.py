@@ -18,6 +18,7 @@ from operator_harness import (
     bind_model_volume,
     moed_path,
     pod_instance,
+    replace_fresh,
     runtime_credentials,
     start_replay,
 )
@@ -53,14 +54,13 @@ def test_a_corrupted_live_placement_is_refused_and_balancing_continues(
         return int(((status.get("placement") or {}).get("decode") or {}).get("version") or 0)
 
     def corrupt() -> None:
-        cm: dict[str, Any] = api.get(live).json()
-        doc = json.loads(cm["data"]["placement.json"])
-        doc["version"] = 99
-        doc["physicalToLogicalMap"][3] = [0] * len(
-            doc["physicalToLogicalMap"][3]
-        )  # layer 3 keeps expert 0 only
-        cm["data"]["placement.json"] = json.dumps(doc)
-        assert api.put(live, json=cm).status_code == 200
+        def layer3_keeps_expert0_only(cm: dict[str, Any]) -> None:
+            doc = json.loads(cm["data"]["placement.json"])
+            doc["version"] = 99
+            doc["physicalToLogicalMap"][3] = [0] * len(doc["physicalToLogicalMap"][3])
+            cm["data"]["placement.json"] = json.dumps(doc)
+
+        assert replace_fresh(api, live, layer3_keeps_expert0_only).status_code == 200
 
     def refused() -> list[str]:
         items = api.get(f"/api/v1/namespaces/{namespace}/events").json()["items"]
