@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from moe_contract.auth import DIGESTS_FILE, KEY_FIELD, instance_token
 from moe_operator.api import build_crd
@@ -24,6 +25,9 @@ from moe_sandbox.testing import wait_for
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 OPERATOR_USER = "moe-operator"
 MOED = "/apis/moe.inference.dev/v1alpha1"
+PEERING = "/apis/kopf.dev/v1/clusterkopfpeerings"
+WEBHOOK_CONFIG = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/moe.inference.dev"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def install_crd(box: Sandbox) -> None:
@@ -92,18 +96,31 @@ class OperatorProcess:
             except httpx.HTTPError:
                 return False
 
-        wait_for(live, 60, what="operator liveness")
-        if "--no-webhook" in self.extra_args:
-            return
+        try:
+            wait_for(live, 60, what="operator liveness")
+            if "--no-webhook" not in self.extra_args:
+                wait_for(self.webhook_refusing, 60, what="the validating webhook called by the apiserver")
+        except BaseException:
+            self.stop(signal.SIGKILL)  # a start that failed leaves no process holding the ports
+            raise
 
-        def webhook_registered() -> bool:
-            with self.box.client() as api:
-                r = api.get(
-                    "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/moe.inference.dev"
-                )
-                return r.status_code == 200
+    def webhook_refusing(self) -> bool:
+        """The apiserver calls this process's webhook: it refuses a dry-run spec only it refuses.
 
-        wait_for(webhook_registered, 60, what="validating webhook registered")
+        Registered is not enough: kopf creates the configuration before it fills in the webhook,
+        a stopped operator leaves it empty, and failurePolicy Ignore admits everything meanwhile.
+        """
+        with self.box.client() as api:
+            config = api.get(WEBHOOK_CONFIG)
+            hooks = (config.json().get("webhooks") or []) if config.status_code == 200 else []
+            if not any(f":{self.webhook_port}/" in (h["clientConfig"].get("url") or "") for h in hooks):
+                return False
+            probe = yaml.safe_load((REPO / "examples" / "qwen3-30b-a3b-single-node.yaml").read_text())
+            probe["metadata"] = {"name": "webhook-probe"}
+            probe["spec"]["decode"]["extraArgs"] = ["--cuda-graph-max-bs", "128"]  # ambiguous: webhook only
+            resp = api.post(moed_path("default"), json=probe, params={"dryRun": "All"})
+            message = resp.json().get("message", "") if resp.status_code == 422 else ""
+            return 'admission webhook "validate.moe.inference.dev"' in message
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -187,6 +204,17 @@ def bind_model_volume(api: httpx.Client, namespace: str, claim: str) -> None:
         30,
         what=f"PVC {claim} bound",
     )
+
+
+def remove_peering(api: httpx.Client) -> None:
+    """Delete kopf's peering CRDs (and the object): the session operator runs without peering, and
+    with the CRD served but no object it patches the missing record every few seconds (404
+    writes the idle-operator test counts). Helm and the RBAC manifests install them; neither
+    uninstall removes CRDs. Only while no operator runs: kopf stops when a CRD it watches goes."""
+    api.delete(f"{PEERING}/moe-operator")
+    for crd in yaml.safe_load_all((REPO / "crds" / "kopf.dev-peerings.yaml").read_text()):
+        api.delete(f"{CRD_PATH}/{crd['metadata']['name']}")
+    wait_for(lambda: api.get(PEERING).status_code == 404, 60, what="peering CRD gone")
 
 
 def moed_path(namespace: str, name: str = "") -> str:

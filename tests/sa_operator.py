@@ -18,6 +18,7 @@ import yaml
 
 from moe_sandbox.cluster import Sandbox
 from moe_sandbox.testing import wait_for
+from operator_harness import remove_peering
 
 WEBHOOK_CONFIG = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/moe.inference.dev"
 
@@ -80,6 +81,7 @@ def shared_operator_paused(request: pytest.FixtureRequest, api: httpx.Client) ->
         running.stop()
     yield
     api.delete(WEBHOOK_CONFIG)
+    remove_peering(api)  # the chart and the RBAC manifests install kopf's peering CRDs
     if running is not None:
         running.start()
 

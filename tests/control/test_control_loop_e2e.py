@@ -283,6 +283,7 @@ def test_control_loop_balances_each_instance(
             lambda: (
                 placement().get("version") == version
                 and held_version(ips[0]) == version
+                and held_version(ips[1]) == version
                 and "paused" in placement().get("message", "")
             ),
             "the rollback adopted and pushed",

@@ -43,7 +43,12 @@ def test_operator_creates_owns_and_prunes_the_policy(
         "MoEDeployment", "np", moed["metadata"]["uid"], True,
     )  # fmt: skip
     # What the apiserver stored is what the renderer made (defaults included: nothing dropped).
-    (sts,) = api.get(f"/apis/apps/v1/namespaces/{namespace}/statefulsets").json()["items"]
+    # (the operator writes the policy before the StatefulSet: wait for that one too)
+    (sts,) = wait_for(
+        lambda: api.get(f"/apis/apps/v1/namespaces/{namespace}/statefulsets").json()["items"],
+        60,
+        what="the engines' StatefulSet",
+    )
     labels = sts["spec"]["template"]["metadata"]["labels"]
     assert got["spec"]["podSelector"]["matchLabels"].items() <= labels.items(), "selects the engine pods"
     assert got["spec"]["policyTypes"] == ["Ingress"]
@@ -51,13 +56,14 @@ def test_operator_creates_owns_and_prunes_the_policy(
     assert ports == {30000, 9400, 9402}
 
     # The platform turns it off: the operator deletes the one it rendered, and nothing else.
-    moe_operator.extra_args = ("--no-network-policy",)
+    saved = moe_operator.extra_args  # the session's grants stay: later tests rely on them
+    moe_operator.extra_args = (*saved, "--no-network-policy")
     try:
         moe_operator.restart()
         wait_for(lambda: api.get(path).status_code == 404, 60, what="NetworkPolicy pruned")
         assert api.get(f"/apis/apps/v1/namespaces/{namespace}/statefulsets").json()["items"], "engines stay"
     finally:
-        moe_operator.extra_args = ()
+        moe_operator.extra_args = saved
         moe_operator.restart()
     # ... and back on: rendered again.
     wait_for(lambda: api.get(path).status_code == 200, 60, what="NetworkPolicy rendered again")
