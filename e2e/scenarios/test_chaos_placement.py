@@ -32,6 +32,7 @@ pytestmark = pytest.mark.cluster
 
 REFRESH_S = 10
 SIDECAR = 9400
+METRICS = 9402  # the runtime's metrics listener (no token, as Prometheus scrapes it)
 
 
 def _held(ip: str) -> int | None:
@@ -115,7 +116,7 @@ def test_refused_push_keeps_old_placement_and_says_so(
         labels = {"namespace": deployed, "deployment": name, "pool": "decode"}
         assert metric(text, "moe_operator_rebalance_failures_total", reason="push_refused", **labels) >= 1
         assert metric(text, "moe_operator_placement_pushes_total", result="http_401", **labels) >= 1
-        runtime_text = httpx.get(f"http://{ips[1]}:{SIDECAR}/metrics", timeout=5).text
+        runtime_text = httpx.get(f"http://{ips[1]}:{METRICS}/metrics", timeout=5).text
         assert metric(runtime_text, "moe_runtime_placement_pushes_total", result="unauthorized") >= 1
         # Nothing else changed: same engine pods, still Ready, no group restarts.
         assert identity(engine_pods(api, deployed, name)) == pods

@@ -29,7 +29,7 @@ REFRESH_S = 10
 
 def runtime_balancedness(ip: str) -> float | None:
     try:
-        text = httpx.get(f"http://{ip}:9400/metrics", timeout=2).text
+        text = httpx.get(f"http://{ip}:9402/metrics", timeout=2).text
     except httpx.HTTPError:
         return None
     m = re.search(r"^moe_runtime_balancedness ([0-9.e+-]+)$", text, re.M)

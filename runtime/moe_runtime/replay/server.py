@@ -283,7 +283,7 @@ async def serve(args: argparse.Namespace) -> int:
                 if o.mode == "static" and o.num_gpus > 1
                 else None
             ),
-            policy=ApiPolicy(open_reads=args.reads == "open", legacy_open=args.reads == "open"),
+            policy=ApiPolicy(open_reads=args.reads == "open"),
             poll_s=args.poll_interval,
             health_s=1.0,
         )

@@ -13,9 +13,7 @@ Metrics (port ``metrics``, no token): GET /metrics
 
 The API listener serves /v1/* only: the operator's pod template probes the probe port and its
 PodMonitors scrape the metrics port. Only the replay engine's ``--reads open`` (tests that read
-without a token) leaves GET routes open (``open_reads``) and, for the tests written before the
-listeners split, also answers /healthz, /readyz and /metrics on the API port (``legacy_open``);
-`launch` never does either.
+without a token) leaves the API's GET routes open (``open_reads``); `launch` never does.
 """
 
 from __future__ import annotations
@@ -41,7 +39,6 @@ MAX_BODY = Limits().max_body
 PLACEMENT_FIELDS = frozenset(
     {"version", "generatedAt", "generated_at", "physicalToLogicalMap", "physical_to_logical_map", "source"}
 )
-LEGACY_OPEN = frozenset({"/healthz", "/readyz", "/metrics"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -54,7 +51,6 @@ class Identity:
 
 @dataclass(frozen=True)
 class ApiPolicy:
-    legacy_open: bool = False  # /healthz, /readyz, /metrics also on the API port (replay --reads open)
     open_reads: bool = False  # GET routes without a token (replay --reads open)
     max_body: int = MAX_BODY
 
@@ -89,8 +85,6 @@ def check_token(request: web.Request) -> web.Response | None:
 async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every API route needs the token (the replay engine's test mode may open reads)."""
     policy = request.app[POLICY_KEY]
-    if policy.legacy_open and request.path in LEGACY_OPEN:
-        return await handler(request)
     if policy.open_reads and request.method in ("GET", "HEAD"):
         return await handler(request)
     refused = check_token(request)
@@ -264,10 +258,6 @@ def api_app(
     app[IDENTITY_KEY] = Identity(identity)
     app[POLICY_KEY] = policy or ApiPolicy()
     app[EXTRA_STATUS_KEY] = {}
-    if app[POLICY_KEY].legacy_open:
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
-        app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/windows", windows)
     app.router.add_get("/v1/windows/latest", latest_window)
