@@ -18,9 +18,7 @@ import yaml
 
 from moe_sandbox.cluster import Sandbox
 from moe_sandbox.testing import wait_for
-from operator_harness import remove_peering
-
-WEBHOOK_CONFIG = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/moe.inference.dev"
+from operator_harness import WEBHOOK_CONFIG, remove_peering
 
 
 def sa_kubeconfig(box: Sandbox, api: httpx.Client, namespace: str, sa: str, path: Path) -> Path:

@@ -18,11 +18,10 @@ from test_reconciler import example
 
 from moe_sandbox.cluster import Sandbox, server_side_apply
 from moe_sandbox.testing import wait_for
-from operator_harness import OperatorProcess, bind_model_volume, moed_path, remove_peering
+from operator_harness import PEERING, OperatorProcess, bind_model_volume, moed_path, remove_peering
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
-PEERING = "/apis/kopf.dev/v1/clusterkopfpeerings"
 ARGS = ("--no-webhook", "--peering", "moe-operator", "--peering-required", "--peering-lifetime", "10")
 
 
