@@ -14,7 +14,10 @@ what the baseline sees.
 
 The backtest also yields the chosen rule's real errors, one [L, E] vector per origin. They
 are kept raw, not summarised as a variance, because their structure is the point: when
-traffic shifts toward one domain, all of that domain's hot experts rise together. With
+traffic shifts toward one domain, all of that domain's hot experts rise together. Each
+error is used with both signs: a past error says which experts move together and by how
+much, not which way the next move goes (after a switch to a new mix, the same error again
+would overshoot further into it; the mirrored one is the mix coming back). With
 per-step samples (``steps``), each scenario adds one step's deviation from the samples'
 mean, so the plan also hedges the spread within a window (one domain's prompts filling a
 prefill step, experts that fire together).
@@ -155,7 +158,7 @@ def forecast(
 def _scenarios(
     mean: FloatArray, residual: FloatArray | None, steps: FloatArray | None
 ) -> tuple[FloatArray, np.ndarray]:
-    """The forecast itself, the forecast plus each past error, and (with steps) plus a step's spread each.
+    """The forecast itself, the forecast plus and minus each past error, and (with steps) plus a step's spread each.
 
     Also returns which scenarios are the newer half of their kind (the later step samples,
     the more recent backtest errors): plans are tried on the older half and judged on these.
@@ -163,8 +166,10 @@ def _scenarios(
     parts = [mean[None]]
     recent = [np.zeros(1, dtype=bool)]
     if residual is not None:
-        parts.append(mean[None] + residual)  # newest first
-        recent.append(np.arange(residual.shape[0]) < residual.shape[0] // 2)
+        newest = np.arange(residual.shape[0]) < residual.shape[0] // 2  # residual is newest first
+        residual = np.concatenate([residual, -residual])
+        parts.append(mean[None] + residual)
+        recent.append(np.concatenate([newest, newest]))
     if steps is not None and steps.shape[0] > 1:
         per_step, _ = shares(steps)  # oldest first
         if per_step.shape[0] > MAX_STEP_SCENARIOS:

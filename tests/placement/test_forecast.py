@@ -34,8 +34,14 @@ def test_scenarios_are_the_forecast_plus_past_errors_and_step_spreads() -> None:
     hist = _history(rng, np.tile(rng.gamma(0.5, 1.0, 16), (8, 1)), 0.2)
     steps = hist[-1][None] * rng.lognormal(0.0, 0.3, size=(12, 2, 16))
     fc = forecast(hist, horizon=1, steps=steps)
-    assert fc.scenarios.shape == (1 + 6 + 12, 2, 16)
+    assert fc.scenarios.shape == (1 + 2 * 6 + 12, 2, 16)
     np.testing.assert_allclose(fc.scenarios[0], fc.mean)
+    # each past error with both signs (where clipping at zero leaves both intact)
+    up, down = fc.scenarios[1:7] - fc.mean, fc.scenarios[7:13] - fc.mean
+    intact = (fc.scenarios[1:7] > 0) & (fc.scenarios[7:13] > 0)
+    assert intact.mean() > 0.5
+    np.testing.assert_allclose(up[intact], -down[intact], atol=1e-12)
+    assert np.abs(up).max() > 0
     assert (fc.scenarios >= 0).all()
     np.testing.assert_allclose(fc.mean.sum(axis=-1), 1.0)
 
