@@ -28,10 +28,14 @@ from .packing import Bins
 AnyFloat = npt.NDArray[Any]  # float64, or float32 inside the search (half the memory traffic)
 
 TOLERANCE = 1e-7  # relative drop of J below which an exchange counts as no progress
-PATIENCE = 2  # a row stops after this many rounds (pairings) without an exchange
+PATIENCE = 2  # a row stops after this many rounds (pairings) without an exchange, on one scenario
+# on several scenarios the objective is a mean of maxima: an exchange pays only where its GPU is
+# the bottleneck, so pairings without one are common long before the search is done
+PATIENCE_SCENARIOS = 5
 MAX_PARTNERS = 6  # GPUs each focus GPU may exchange with in one round
 MIN_FOCUS = 8  # GPUs that try an exchange in each round, at least
-MAX_ROUNDS = 32
+MAX_ROUNDS = 32  # on one scenario
+MAX_ROUNDS_SCENARIOS = 100
 
 
 def gpu_scenario_loads(item_load: AnyFloat, layout: IntArray) -> AnyFloat:
@@ -53,7 +57,7 @@ def pair_refine(
     num_experts: int,
     bins: Bins,
     layout: IntArray,
-    max_rounds: int = MAX_ROUNDS,
+    max_rounds: int | None = None,
     swaps: IntArray | None = None,
 ) -> IntArray:
     """Lower J by exchanging copies between GPUs. item_load [B, I, K] (scenarios last), layout [B, G, S] item ids.
@@ -63,6 +67,10 @@ def pair_refine(
     rows, num_gpus, slots = layout.shape
     if num_gpus < 2 or rows == 0:
         return layout
+    several = item_load.shape[2] > 1
+    patience = PATIENCE_SCENARIOS if several else PATIENCE
+    if max_rounds is None:
+        max_rounds = MAX_ROUNDS_SCENARIOS if several else MAX_ROUNDS
     left = (
         np.full(rows, np.iinfo(np.int64).max) if swaps is None else np.asarray(swaps, dtype=np.int64).copy()
     )
@@ -161,7 +169,7 @@ def pair_refine(
         left[idx] -= made
         layout[idx], load_all[idx] = trial, trial_load
         idle[idx] = np.where(progressed, 0, idle[idx] + 1)
-        active[idx[(idle[idx] >= PATIENCE) | (left[idx] <= 0)]] = False
+        active[idx[(idle[idx] >= patience) | (left[idx] <= 0)]] = False
     return layout
 
 
