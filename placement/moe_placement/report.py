@@ -98,9 +98,9 @@ def summary(groups: Sequence[Group], label: str) -> str:
     if not groups:
         return ""
     return (
-        f"{label}: geometric mean ours {geomean(g.ours for g in groups):.2f} (worst {max(g.ours for g in groups):.2f}), "
-        f"oracle {geomean(g.oracle for g in groups):.2f}, packing {geomean(g.packing for g in groups):.2f} "
-        f"(worst {max(g.packing for g in groups):.2f}), @25% {geomean(g.capped for g in groups):.2f} "
+        f"{label}: geometric mean ours {geomean(g.ours for g in groups):.3f} (worst {max(g.ours for g in groups):.2f}), "
+        f"oracle {geomean(g.oracle for g in groups):.3f}, packing {geomean(g.packing for g in groups):.3f} "
+        f"(worst {max(g.packing for g in groups):.2f}), @25% {geomean(g.capped for g in groups):.3f} "
         f"(worst {max(g.capped for g in groups):.2f})"
     )
 
