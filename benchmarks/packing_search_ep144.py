@@ -27,6 +27,7 @@ from moe_placement.forecast import shares
 from moe_placement.layout import FloatArray, IntArray, make_layout
 from moe_placement.metrics import gpu_loads, imbalance
 from moe_placement.regimes import SETUPS, synthetic_counts
+from moe_placement.replicate import greedy_counts
 
 SETUP = SETUPS["EP144"]
 GPUS, SLOTS, WINDOW, LAYERS = SETUP.num_gpus, SETUP.slots_per_gpu, 64, 4
@@ -74,12 +75,11 @@ def anneal(phy2log: IntArray, scen: FloatArray, iterations: int, rng: np.random.
 
 def per_step_floor(window: FloatArray) -> float:
     """Mean per-step excess when every step gets its own greedy copies and optimal pairing."""
+    steps = window.reshape(-1, window.shape[-1])
+    copies = greedy_counts(steps, GPUS * SLOTS, GPUS * SLOTS)  # DeepSeek's rule, per step
     out = []
-    for step in window.reshape(-1, window.shape[-1]):
-        copies = np.ones(step.size, dtype=np.int64)
-        for _ in range(GPUS * SLOTS - step.size):
-            copies[np.argmax(step / copies)] += 1
-        items = np.sort(np.repeat(step / copies, copies))[::-1]
+    for step, cnt in zip(steps, copies, strict=True):
+        items = np.sort(np.repeat(step / cnt, cnt))[::-1]
         out.append((items[:GPUS] + items[::-1][:GPUS]).max() / (step.sum() / GPUS) - 1)
     return float(np.mean(out))
 

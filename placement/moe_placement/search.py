@@ -57,7 +57,6 @@ def pair_refine(
     num_experts: int,
     bins: Bins,
     layout: IntArray,
-    max_rounds: int | None = None,
     swaps: IntArray | None = None,
 ) -> IntArray:
     """Lower J by exchanging copies between GPUs. item_load [B, I, K] (scenarios last), layout [B, G, S] item ids.
@@ -68,9 +67,7 @@ def pair_refine(
     if num_gpus < 2 or rows == 0:
         return layout
     several = item_load.shape[2] > 1
-    patience = PATIENCE_SCENARIOS if several else PATIENCE
-    if max_rounds is None:
-        max_rounds = MAX_ROUNDS_SCENARIOS if several else MAX_ROUNDS
+    patience, max_rounds = (PATIENCE_SCENARIOS, MAX_ROUNDS_SCENARIOS) if several else (PATIENCE, MAX_ROUNDS)
     left = (
         np.full(rows, np.iinfo(np.int64).max) if swaps is None else np.asarray(swaps, dtype=np.int64).copy()
     )
