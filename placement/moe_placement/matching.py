@@ -109,9 +109,9 @@ def assign_max_overlap(overlap: FloatArray) -> IntArray:
 def _counts(sets: IntArray, num_experts: int) -> FloatArray:
     """[B, n, k] expert ids -> [B, n, E] counts."""
     batch, n, _ = sets.shape
-    out = np.zeros((batch, n, num_experts))
-    np.add.at(out, (np.arange(batch)[:, None, None], np.arange(n)[None, :, None], sets), 1.0)
-    return out
+    cell = (np.arange(batch * n) * num_experts).reshape(batch, n, 1) + sets  # flat (b, group, expert)
+    out: FloatArray = np.bincount(cell.ravel(), minlength=batch * n * num_experts).astype(np.float64)
+    return out.reshape(batch, n, num_experts)
 
 
 def _overlap(new: IntArray, old: IntArray, num_experts: int) -> FloatArray:

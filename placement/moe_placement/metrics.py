@@ -80,8 +80,17 @@ def gpu_loads(
 ) -> FloatArray:
     """Tokens per GPU, [..., L, G], for loads [..., L, E] under a placement [L, P]."""
     num_layers, num_slots = phy2log.shape
-    shares = slot_shares(phy2log, loads.shape[-1], num_gpus, dispatch, num_nodes)
-    slot_loads = loads[..., np.arange(num_layers)[:, None], phy2log] * shares
+    num_experts = loads.shape[-1]
+    shares = slot_shares(phy2log, num_experts, num_gpus, dispatch, num_nodes)
+    # one flat gather (np.take) is about twice as fast as 2-D fancy indexing on [K, L, E] scenarios
+    cell = np.arange(num_layers)[:, None] * num_experts + phy2log
+    lead = loads.shape[:-2]
+    slot_loads: FloatArray = np.take(loads.reshape(*lead, num_layers * num_experts), cell, axis=-1).astype(
+        np.float64, copy=False
+    )
+    slot_loads *= shares  # in place: a second [K, L, P] array costs as much as the gather
+    if num_slots == num_gpus:
+        return slot_loads
     out: FloatArray = slot_loads.reshape(*slot_loads.shape[:-1], num_gpus, num_slots // num_gpus).sum(axis=-1)
     return out
 

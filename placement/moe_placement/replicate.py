@@ -57,25 +57,30 @@ def scenario_counts(scenarios: FloatArray, total: int, cap: int) -> IntArray:
     sub = np.where(valid[:, None, :], sub, 0.0)
     sub_counts = np.ones((rows, width), dtype=np.int64)
     row_ids = np.arange(rows)
-    flat_rows = np.repeat(row_ids, num_scen)
     mean_sub = sub.mean(axis=1)
+    per_copy = sub.copy()  # [B, K, W], updated one column per row as counts change
+    flat_copy = per_copy.reshape(-1, width)  # a view: (row, scenario) pairs
+    pairs = np.arange(flat_copy.shape[0])
+    row_of = np.repeat(row_ids, num_scen)
     for _ in range(extra):
-        per_copy = sub / sub_counts[:, None, :]
-        first = np.argmax(per_copy, axis=2)  # [B, K]
-        best = np.take_along_axis(per_copy, first[..., None], axis=2)[..., 0]
-        masked = per_copy.copy()
-        np.put_along_axis(masked, first[..., None], -np.inf, axis=2)
-        second = masked.max(axis=2) if width > 1 else np.zeros_like(best)
-        after = best * (
-            np.take_along_axis(sub_counts, first, axis=1)
-            / (np.take_along_axis(sub_counts, first, axis=1) + 1)
-        )
-        gain = np.zeros((rows, width))
-        np.add.at(gain, (flat_rows, first.ravel()), (best - np.maximum(second, after)).ravel())
+        first = np.argmax(flat_copy, axis=1)  # [B*K]
+        best = flat_copy[pairs, first]
+        if width > 1:
+            masked = flat_copy.copy()
+            masked[pairs, first] = -np.inf
+            second = masked[pairs, np.argmax(masked, axis=1)]
+        else:
+            second = np.zeros_like(best)
+        c_first = sub_counts[row_of, first]
+        after = best * (c_first / (c_first + 1))
+        gain = np.bincount(
+            row_of * width + first, weights=best - np.maximum(second, after), minlength=rows * width
+        ).reshape(rows, width)
         # tie-break on the mean load per copy so flat scenarios still pick a sensible expert
         key = np.where(valid & (sub_counts < cap), gain + 1e-9 * mean_sub / sub_counts, -np.inf)
         hot = np.argmax(key, axis=1)
         sub_counts[row_ids, hot] += 1
+        per_copy[row_ids, :, hot] = sub[row_ids, :, hot] / sub_counts[row_ids, hot][:, None]
     np.put_along_axis(counts, cols, np.where(valid, sub_counts, 1), axis=1)
     return counts
 
