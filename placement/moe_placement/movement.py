@@ -213,8 +213,7 @@ def relabel_rows(
     flat = original.copy()
     left = budget.copy()
     row_ids = np.arange(rows)
-    counts = np.bincount((row_ids[:, None] * num_experts + flat).ravel(), minlength=rows * num_experts)
-    counts = counts.reshape(rows, num_experts)
+    counts = expert_counts(flat, num_experts)
     slot_dom = np.repeat(bins.domain, slots)
     offset = row_ids[:, None] * num_experts  # flat index of (row, expert)
     for _ in range(int(np.abs(counts - target).sum(axis=1).max(initial=0)) // 2 + 1):
