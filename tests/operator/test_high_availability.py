@@ -132,3 +132,9 @@ def test_one_replica_acts_and_the_other_takes_over_after_a_kill(
     later = {u for u, _ in _writes(sandbox, namespace, since=settle)}
     assert later <= {"moe-operator-b"}, later
     assert b.tail(400).count("Pausing operations") <= 1, "the standby paused again after taking over"
+
+    # Deleted while the leader still runs (it owns the finalizers), so no later test's operator
+    # inherits them from a namespace stuck terminating.
+    for name in ("first", "second"):
+        api.delete(f"{moed_path(namespace)}/{name}")
+    wait_for(lambda: not api.get(moed_path(namespace)).json()["items"], 60, interval=0.5, what="both deleted")
