@@ -230,7 +230,9 @@ def run_cluster(
         pool = np.sum(list(own.values()), axis=0)
         pool_steps = None
         if inputs == "steps":
-            pool_steps = np.concatenate([s for s in samples.values() if s is not None])
+            # in time order, oldest first (the forecast reads the newest samples as where the mix is now)
+            stacked = np.stack([s for s in samples.values() if s is not None])  # [R, K, L, E]
+            pool_steps = stacked.transpose(1, 0, 2, 3).reshape(-1, *stacked.shape[2:])
         pool_map = plan(pool, steps=pool_steps, horizon=1, dispatch=dispatch, **shape).physical_to_logical_map
         pool_ds = baseline_plan(pool[-1], **shape)
         for v in excess.values():

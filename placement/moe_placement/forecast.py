@@ -22,6 +22,15 @@ per-step samples (``steps``), each scenario adds one step's deviation from the s
 mean, so the plan also hedges the spread within a window (one domain's prompts filling a
 prefill step, experts that fire together).
 
+Rows are sums, so every candidate sees where the mix was on average over a row, half a row
+behind where it is at the row's end. With per-step samples (oldest first), the newest
+quarter of them says where it is now: the forecast moves by the newest quarter's mean minus
+all samples' mean, shrunk per layer by that difference's own sampling noise (positive-part
+James-Stein: weight 1 - noise / squared size, the noise taken from the samples' spread, which
+the drift itself inflates, so the weight errs low). A mix that does not move within the row
+gives a difference of the size of its noise and a weight near zero. A single row (no
+backtest, e.g. a plan fitted on the window it is scored on) is taken as it is.
+
 Everything is in shares: each row's counts divided by that row's total per layer, so a
 busy row does not outweigh a quiet one, and balance (max/mean) is scale-free.
 """
@@ -38,6 +47,7 @@ MAX_ORIGINS = 6  # backtest origins (the last ones, one horizon apart)
 MAX_BLOCKS = 64  # longer histories are averaged into this many blocks first (cost)
 MARGIN = 0.02  # relative backtest advantage a rule needs over "last window only"
 MAX_STEP_SCENARIOS = 32  # per-step samples used as scenarios
+RECENT_SHARE = 0.25  # newest share of the step samples that says where the mix is now
 HALF_LIVES = (0.5, 1.0, 2.0, 4.0)  # in horizons
 
 
@@ -51,6 +61,7 @@ class Forecast:
     horizon: int  # rows of history the forecast is for
     errors: FloatArray | None = None  # [C] backtest error of each candidate (None without a backtest)
     recent: np.ndarray | None = None  # [K] scenarios from the newer half of their kind (held out)
+    level_weight: FloatArray | None = None  # [L] weight of the newest steps' shift (None: not tried)
 
 
 def shares(history: FloatArray) -> tuple[FloatArray, FloatArray]:
@@ -115,7 +126,7 @@ def forecast(
 ) -> Forecast:
     """Forecast the mean share per step over the next ``horizon`` rows (default: an eighth of the history).
 
-    ``steps`` [K, L, E]: single engine steps from the newest rows (optional). ``weight``
+    ``steps`` [K, L, E]: single engine steps from the newest row, oldest first (optional). ``weight``
     [L, E]: relative cost of an error per expert (default: equal).
     """
     values, mask = shares(history)
@@ -151,8 +162,42 @@ def forecast(
         best = 0
     residual = target - predicted[:, best]  # [J, L, E] the chosen rule's own past errors
     mean = np.clip(final[best], 0.0, None)
+    level = None
+    if steps is not None:
+        shift, level = newest_shift(steps)
+        mean = _renormalised(np.clip(mean + shift, 0.0, None))
     scen, recent = _scenarios(mean, residual, steps)
-    return Forecast(mean, scen, names[best], horizon, err, recent)
+    return Forecast(mean, scen, names[best], horizon, err, recent, level)
+
+
+def newest_shift(steps: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """How far the newest quarter of step samples [K, L, E] (oldest first) sits from all of them, in
+    shares, shrunk per layer by its sampling noise. -> (shift [L, E], weight [L] in [0, 1]).
+
+    Steps without tokens in a layer are left out of it (an idle tail is not a new mix)."""
+    per_step, seen = shares(steps)  # seen [K, L]
+    count = per_step.shape[0]
+    newest = max(2, round(RECENT_SHARE * count))
+    n_all, n_new = seen.sum(axis=0), seen[-newest:].sum(axis=0)  # [L]
+    usable = (count >= 4) & (n_new >= 2) & (n_all - n_new >= 2)
+    w = seen[..., None]
+    mean_all = (per_step * w).sum(axis=0) / np.maximum(n_all, 1)[:, None]
+    mean_new = (per_step[-newest:] * w[-newest:]).sum(axis=0) / np.maximum(n_new, 1)[:, None]
+    diff = np.where(usable[:, None], mean_new - mean_all, 0.0)  # [L, E]
+    var = (((per_step - mean_all) ** 2) * w).sum(axis=0) / np.maximum(n_all - 1, 1)[:, None]
+    noise = var.sum(axis=1) * (1.0 / np.maximum(n_new, 1) - 1.0 / np.maximum(n_all, 1))  # E|diff|^2, no drift
+    size = (diff**2).sum(axis=1)
+    weight: FloatArray = np.where(
+        usable, np.clip(1.0 - noise / np.where(size > 0, size, np.inf), 0.0, 1.0), 0.0
+    )
+    out: FloatArray = weight[:, None] * diff
+    return out, weight
+
+
+def _renormalised(mean: FloatArray) -> FloatArray:
+    total = mean.sum(axis=-1, keepdims=True)
+    out: FloatArray = np.where(total > 0, mean / np.where(total > 0, total, 1.0), 1.0 / mean.shape[-1])
+    return out
 
 
 def _scenarios(

@@ -62,3 +62,62 @@ def test_a_single_window_is_its_own_forecast() -> None:
     fc = forecast(one[None], horizon=1)
     np.testing.assert_allclose(fc.mean[0], one[0] / one[0].sum())
     assert fc.rule == "last" and fc.scenarios.shape[0] == 1
+
+
+def _steps(
+    rng: np.random.Generator, start: np.ndarray, end: np.ndarray, count: int, noise: float
+) -> np.ndarray:
+    """Step counts [count, 2, 16] whose shares move from ``start`` to ``end`` (oldest first)."""
+    t = np.linspace(0.0, 1.0, count)[:, None]
+    level = (1 - t) * start / start.sum() + t * end / end.sum()
+    shares = np.clip(level * rng.lognormal(0.0, noise, size=level.shape), 1e-9, None)
+    return np.repeat((4096 * shares / shares.sum(axis=1, keepdims=True))[:, None, :], 2, axis=1)
+
+
+def test_steps_that_drift_within_the_window_move_the_forecast_toward_the_newest() -> None:
+    rng = np.random.default_rng(4)
+    a, b = rng.gamma(0.5, 1.0, 16) + 0.05, rng.gamma(0.5, 1.0, 16) + 0.05
+    hist = _history(rng, np.tile((a + b) / 2, (8, 1)), 0.01)
+    steps = _steps(rng, a, b, 32, 0.05)
+    fc = forecast(hist, horizon=1, steps=steps)
+    assert fc.level_weight is not None and fc.level_weight.min() > 0.9
+    truth = b / b.sum()
+    unshifted = forecast(hist, horizon=1)
+    assert np.abs(fc.mean[0] - truth).sum() < 0.6 * np.abs(unshifted.mean[0] - truth).sum()
+    np.testing.assert_allclose(fc.mean.sum(axis=-1), 1.0)
+    # the same samples in the other order: the shift points the other way
+    backwards = forecast(hist, horizon=1, steps=steps[::-1])
+    assert np.abs(backwards.mean[0] - a / a.sum()).sum() < np.abs(backwards.mean[0] - truth).sum()
+
+
+def test_steps_that_only_scatter_barely_move_the_forecast() -> None:
+    rng = np.random.default_rng(5)
+    a = rng.gamma(0.5, 1.0, 16) + 0.05
+    hist = _history(rng, np.tile(a, (8, 1)), 0.01)
+    weights = []
+    for _ in range(20):
+        fc = forecast(hist, horizon=1, steps=_steps(rng, a, a, 32, 0.3))
+        assert fc.level_weight is not None
+        weights.append(fc.level_weight)
+    assert np.mean(weights) < 0.3
+
+
+def test_a_single_window_with_steps_is_not_shifted() -> None:
+    rng = np.random.default_rng(6)
+    a, b = rng.gamma(0.5, 1.0, 16) + 0.05, rng.gamma(0.5, 1.0, 16) + 0.05
+    one = _history(rng, a[None], 0.0)
+    fc = forecast(one, horizon=1, steps=_steps(rng, a, b, 32, 0.05))
+    np.testing.assert_allclose(fc.mean[0], a / a.sum(), rtol=1e-9)
+    assert fc.level_weight is None
+
+
+def test_steps_without_tokens_are_not_a_new_mix() -> None:
+    """An idle tail (passes that routed nothing) leaves the level where the routed steps put it."""
+    rng = np.random.default_rng(7)
+    a = rng.gamma(0.5, 1.0, 16) + 0.05
+    hist = _history(rng, np.tile(a, (8, 1)), 0.01)
+    steps = _steps(rng, a, a, 32, 0.05)
+    steps[-8:] = 0.0
+    fc = forecast(hist, horizon=1, steps=steps)
+    assert fc.level_weight is not None and (fc.level_weight == 0).all()
+    np.testing.assert_allclose(fc.mean, forecast(hist, horizon=1).mean)
