@@ -130,6 +130,7 @@ def forecast(
     [L, E]: relative cost of an error per expert (default: equal).
     """
     values, mask = shares(history)
+    per_step = None if steps is None else shares(steps)  # ([K, L, E], [K, L]), oldest first
     raw_horizon = max(1, min(horizon or values.shape[0] // 8, values.shape[0]))
     values, mask, horizon = blocks(values, mask, raw_horizon)
     num_rows = values.shape[0]
@@ -144,7 +145,7 @@ def forecast(
         [weighted_mean(rule_weights([num_rows], num_rows, horizon)[0], v, m) for v, m in sources]
     )  # [C, L, E]
     if not ends:
-        scen, recent = _scenarios(final[0], None, steps)
+        scen, recent = _scenarios(final[0], None, per_step)
         return Forecast(final[0], scen, "last", horizon, recent=recent)
     predicted = np.concatenate(
         [weighted_mean(rule_weights(ends, num_rows, horizon), v, m) for v, m in sources], axis=1
@@ -163,27 +164,26 @@ def forecast(
     residual = target - predicted[:, best]  # [J, L, E] the chosen rule's own past errors
     mean = np.clip(final[best], 0.0, None)
     level = None
-    if steps is not None:
-        shift, level = newest_shift(steps)
-        mean = _renormalised(np.clip(mean + shift, 0.0, None))
-    scen, recent = _scenarios(mean, residual, steps)
+    if per_step is not None:
+        shift, level = newest_shift(*per_step)
+        mean = shares(np.clip(mean + shift, 0.0, None))[0]
+    scen, recent = _scenarios(mean, residual, per_step)
     return Forecast(mean, scen, names[best], horizon, err, recent, level)
 
 
-def newest_shift(steps: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """How far the newest quarter of step samples [K, L, E] (oldest first) sits from all of them, in
-    shares, shrunk per layer by its sampling noise. -> (shift [L, E], weight [L] in [0, 1]).
+def newest_shift(per_step: FloatArray, seen: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """How far the newest quarter of step shares [K, L, E] (oldest first) sits from all of them,
+    shrunk per layer by its sampling noise. -> (shift [L, E], weight [L] in [0, 1]).
 
-    Steps without tokens in a layer are left out of it (an idle tail is not a new mix)."""
-    per_step, seen = shares(steps)  # seen [K, L]
-    count = per_step.shape[0]
-    newest = max(2, round(RECENT_SHARE * count))
+    Steps without tokens in a layer (``seen`` [K, L] is 0) are left out of it (an idle tail is
+    not a new mix)."""
+    newest = max(2, round(RECENT_SHARE * per_step.shape[0]))
     n_all, n_new = seen.sum(axis=0), seen[-newest:].sum(axis=0)  # [L]
-    usable = (count >= 4) & (n_new >= 2) & (n_all - n_new >= 2)
+    usable = (n_new >= 2) & (n_all - n_new >= 2)
     w = seen[..., None]
     mean_all = (per_step * w).sum(axis=0) / np.maximum(n_all, 1)[:, None]
     mean_new = (per_step[-newest:] * w[-newest:]).sum(axis=0) / np.maximum(n_new, 1)[:, None]
-    diff = np.where(usable[:, None], mean_new - mean_all, 0.0)  # [L, E]
+    diff = mean_new - mean_all  # [L, E]
     var = (((per_step - mean_all) ** 2) * w).sum(axis=0) / np.maximum(n_all - 1, 1)[:, None]
     noise = var.sum(axis=1) * (1.0 / np.maximum(n_new, 1) - 1.0 / np.maximum(n_all, 1))  # E|diff|^2, no drift
     size = (diff**2).sum(axis=1)
@@ -194,14 +194,8 @@ def newest_shift(steps: FloatArray) -> tuple[FloatArray, FloatArray]:
     return out, weight
 
 
-def _renormalised(mean: FloatArray) -> FloatArray:
-    total = mean.sum(axis=-1, keepdims=True)
-    out: FloatArray = np.where(total > 0, mean / np.where(total > 0, total, 1.0), 1.0 / mean.shape[-1])
-    return out
-
-
 def _scenarios(
-    mean: FloatArray, residual: FloatArray | None, steps: FloatArray | None
+    mean: FloatArray, residual: FloatArray | None, step_shares: tuple[FloatArray, FloatArray] | None
 ) -> tuple[FloatArray, np.ndarray]:
     """The forecast itself, the forecast plus and minus each past error, and (with steps) plus a step's spread each.
 
@@ -215,8 +209,8 @@ def _scenarios(
         residual = np.concatenate([residual, -residual])
         parts.append(mean[None] + residual)
         recent.append(np.concatenate([newest, newest]))
-    if steps is not None and steps.shape[0] > 1:
-        per_step, _ = shares(steps)  # oldest first
+    if step_shares is not None and step_shares[0].shape[0] > 1:
+        per_step = step_shares[0]  # oldest first
         if per_step.shape[0] > MAX_STEP_SCENARIOS:
             per_step = per_step[np.linspace(0, per_step.shape[0] - 1, MAX_STEP_SCENARIOS).astype(int)]
         spread = per_step - per_step.mean(axis=0)
