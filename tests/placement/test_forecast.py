@@ -94,12 +94,18 @@ def test_steps_that_only_scatter_barely_move_the_forecast() -> None:
     rng = np.random.default_rng(5)
     a = rng.gamma(0.5, 1.0, 16) + 0.05
     hist = _history(rng, np.tile(a, (8, 1)), 0.01)
-    weights = []
+    weights, moved, raw = [], 0.0, 0.0
+    plain = forecast(hist, horizon=1).mean
     for _ in range(20):
-        fc = forecast(hist, horizon=1, steps=_steps(rng, a, a, 32, 0.3))
+        steps = _steps(rng, a, a, 32, 0.3)
+        fc = forecast(hist, horizon=1, steps=steps)
         assert fc.level_weight is not None
         weights.append(fc.level_weight)
+        per_step = steps / steps.sum(axis=-1, keepdims=True)
+        raw += np.abs(per_step[-8:].mean(axis=0) - per_step.mean(axis=0)).sum()
+        moved += np.abs(fc.mean - plain).sum()
     assert np.mean(weights) < 0.3
+    assert moved < 0.3 * raw  # the forecast itself moves by the shrunk difference, not the raw one
 
 
 def test_a_single_window_with_steps_is_not_shifted() -> None:
