@@ -214,6 +214,40 @@ class HookState:
 # ---------------------------------------------------------------- steps
 
 
+STEP_SAMPLES = 32  # single passes kept per window: the planner hedges on their spread (docs/placement.md)
+
+
+def sample_positions(
+    routed: npt.ArrayLike, next_index: int | None, count: int = STEP_SAMPLES
+) -> IntArray | None:
+    """Buffer rows of up to ``count`` passes that routed tokens, evenly spaced in time, oldest first.
+
+    SGLang's stat-mode buffer is a ring written at ``next_index`` (its oldest row once it has
+    wrapped; a reset zeroes the rows but keeps the index), so time order is the ring read from
+    there. None when the index is unknown: out-of-order samples would point the planner's
+    newest-level rule at the wrong end of the window."""
+    live = np.asarray(routed, dtype=bool)
+    if not isinstance(next_index, int) or isinstance(next_index, bool) or count < 1:
+        return None
+    if live.ndim != 1 or not 0 <= next_index < live.size:
+        return None
+    order: IntArray = np.roll(np.arange(live.size, dtype=np.int64), -next_index)
+    order = order[live[order]]
+    if order.size <= count:
+        return order if order.size else None
+    pick = np.round(np.linspace(order.size - 1, 0, count))[::-1].astype(np.int64)  # the newest always
+    return order[pick]
+
+
+def steps_from_buffer(buffer: npt.ArrayLike, next_index: int | None) -> exchange.StepArray | None:
+    """The step samples of a [passes, L, E] recorder buffer (see ``sample_positions``)."""
+    arr = np.asarray(buffer)
+    if arr.ndim != 3 or arr.shape[0] == 0:
+        return None
+    rows = sample_positions(arr.reshape(arr.shape[0], -1).max(axis=1) > 0, next_index)
+    return None if rows is None else np.asarray(arr[rows], dtype=np.int32)
+
+
 def window_from_buffer(buffer: npt.ArrayLike) -> tuple[IntArray, int]:
     """Sum SGLang's [passes, L, E] recorder buffer to [L, E]; count passes that routed tokens."""
     arr = np.asarray(buffer)
@@ -223,8 +257,15 @@ def window_from_buffer(buffer: npt.ArrayLike) -> tuple[IntArray, int]:
     return arr.sum(axis=0, dtype=np.int64), passes
 
 
-def export_window(state: HookState, counts: IntArray, passes: int, shape: EngineShape) -> None:
-    """Spool the window for the sidecar (in the background); failures are counted, never raised."""
+def export_window(
+    state: HookState,
+    counts: IntArray,
+    passes: int,
+    shape: EngineShape,
+    steps: exchange.StepArray | None = None,
+) -> None:
+    """Spool the window (and its step samples) for the sidecar, in the background; failures are
+    counted, never raised."""
     now = time.time()
     started = state.last_window_end if state.last_window_end is not None else state.started_at
     state.last_window_end = now
@@ -238,6 +279,7 @@ def export_window(state: HookState, counts: IntArray, passes: int, shape: Engine
             "num_gpus": shape.num_gpus,
             "instance": state.settings.instance,
         },
+        steps=None if steps is None else np.array(steps, dtype=np.int32),
     )
 
     def job() -> None:
@@ -284,7 +326,9 @@ def operator_placement(state: HookState, shape: EngineShape, now: float) -> tupl
 def planner_placement(
     state: HookState, counts: IntArray, shape: EngineShape, current: CurrentMap
 ) -> Decision | None:
-    """The project's planner on the engine's own window; None when off, absent or its map is unsafe."""
+    """The project's planner on the engine's own window; None when off, absent or its map is unsafe.
+    It gets the window's sum alone: with step samples its search outruns the engine's own
+    algorithm's time at EP72 (docs/placement.md, "In-engine fallback budget")."""
     if not state.settings.use_planner:
         return None
     plan = state.planner()
@@ -398,13 +442,14 @@ def rebalance_single_process(
     original: Callable[[], IntArray],
     *,
     current: CurrentMap = None,
+    steps: exchange.StepArray | None = None,
 ) -> tuple[Decision, IntArray]:
     """The hook's whole rank-0 path without a process group (replay engine, one-GPU engines).
 
     Returns the decision and the map to apply; ``original`` is the engine's own algorithm.
     """
     start = time.perf_counter()
-    export_window(state, counts, passes, shape)
+    export_window(state, counts, passes, shape, steps)
     decision = choose_map(state, counts, shape, current=current)
     original_seconds = 0.0
     applied = decision.phy2log

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from moe_placement import document
 from moe_placement.document import PlacementDoc
@@ -34,6 +35,7 @@ from moe_placement.maps import IntArray
 
 STATE_DIR_ENV = "MOE_RUNTIME_STATE_DIR"
 DEFAULT_STATE_DIR = "/tmp/moe-runtime"
+StepArray = npt.NDArray[np.int32]  # single passes' counts [k, L, E]
 SPOOL_LIMIT = 32  # pending windows kept when nobody consumes them
 
 
@@ -167,13 +169,16 @@ def read_applied(base: Path) -> tuple[IntArray, dict[str, Any]] | None:
 
 @dataclass(frozen=True)
 class WindowRecord:
-    """Per-expert routed-token counts of one window: counts [L, E] summed over its passes."""
+    """Per-expert routed-token counts of one window: counts [L, E] summed over its passes, and
+    ``steps`` [k, L, E], up to k single passes of it evenly spaced in time, oldest first (None
+    when the engine's pass order is unknown: the planner's newest-level rule needs the order)."""
 
     counts: IntArray
     passes: int
     started_at: float
     ended_at: float
     meta: dict[str, Any] = field(default_factory=dict)
+    steps: StepArray | None = None
 
 
 def write_window(base: Path, record: WindowRecord, *, limit: int = SPOOL_LIMIT) -> Path:
@@ -187,9 +192,10 @@ def write_window(base: Path, record: WindowRecord, *, limit: int = SPOOL_LIMIT) 
         "ended_at": record.ended_at,
     }
     path = directory / f"window-{time.time_ns():020d}-{os.getpid()}.npz"
-    atomic_write_bytes(
-        path, _npz_bytes({"counts": np.ascontiguousarray(record.counts, dtype=np.int64)}, meta)
-    )
+    arrays = {"counts": np.ascontiguousarray(record.counts, dtype=np.int64)}
+    if record.steps is not None:
+        arrays["steps"] = np.ascontiguousarray(record.steps, dtype=np.int32)
+    atomic_write_bytes(path, _npz_bytes(arrays, meta))
     pending = sorted(directory.glob("window-*.npz"))
     for old in pending[: max(0, len(pending) - limit)]:
         with contextlib.suppress(OSError):
@@ -200,11 +206,14 @@ def write_window(base: Path, record: WindowRecord, *, limit: int = SPOOL_LIMIT) 
 def read_window(path: Path) -> WindowRecord:
     with np.load(path, allow_pickle=False) as data:
         counts = np.asarray(data["counts"], dtype=np.int64)
+        steps = np.asarray(data["steps"], dtype=np.int32) if "steps" in data.files else None
         meta = json.loads(bytes(data["meta"]).decode())
     passes = int(meta.pop("passes"))
     started = float(meta.pop("started_at"))
     ended = float(meta.pop("ended_at"))
-    return WindowRecord(counts, passes, started, ended, meta)
+    if steps is not None and (steps.ndim != 3 or steps.shape[1:] != counts.shape or not steps.shape[0]):
+        steps = None  # not this window's samples: the sums still stand
+    return WindowRecord(counts, passes, started, ended, meta, steps)
 
 
 def take_windows(base: Path) -> list[WindowRecord]:

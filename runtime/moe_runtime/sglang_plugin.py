@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from moe_placement.maps import IntArray, expert_count, logical_to_all_physical
-from moe_runtime import eplb_hook
+from moe_runtime import eplb_hook, exchange
 
 log = logging.getLogger("moe_runtime.sglang_plugin")
 
@@ -133,12 +133,46 @@ def _decide_on_rank0(
         window = tokens if tokens.dim() == 3 else tokens.unsqueeze(0)
         counts = window.sum(dim=0, dtype=_torch_int64()).cpu().numpy()
         # counts are >= 0: a pass routed tokens iff its max is positive (no [N, L, E] bool temp)
-        passes = int((window.reshape(window.shape[0], -1).amax(dim=1) > 0).sum().item())
+        routed = window.reshape(window.shape[0], -1).amax(dim=1) > 0
+        passes = int(routed.sum().item())
     except Exception as exc:
         state.error("window", exc)
         return eplb_hook.Decision("original", None, reason=f"cannot read window: {exc}")
-    eplb_hook.export_window(state, counts, passes, shape)
+    steps = _step_samples(state, window, routed)
+    eplb_hook.export_window(state, counts, passes, shape, steps)
     return eplb_hook.choose_map(state, counts, shape, current=lambda: _current_map(shape))
+
+
+def _step_samples(state: eplb_hook.HookState, window: Any, routed: Any) -> exchange.StepArray | None:
+    """Up to STEP_SAMPLES single passes of the window, oldest first, copied off the device alone
+    (not the whole buffer); None when their order is unknown or they cannot be read."""
+    try:
+        rows = eplb_hook.sample_positions(routed.cpu().numpy(), _ring_next_index(int(window.shape[0])))
+        if rows is None:
+            return None
+        index = _torch_from_numpy(rows).to(window.device)
+        return np.asarray(window.index_select(0, index).cpu().numpy(), dtype=np.int32)
+    except Exception as exc:
+        state.error("steps", exc)
+        return None
+
+
+def _ring_next_index(rows: int) -> int | None:
+    """The row SGLang's stat-mode ring writes next (its oldest once wrapped), read from the
+    recorder's private state in 0.5.23 (tests/runtime check it against that code); None when
+    this SGLang keeps it elsewhere or the buffer is not the one the window came from."""
+    try:
+        from sglang.srt.eplb.expert_distribution import get_global_expert_distribution_recorder
+
+        ring = get_global_expert_distribution_recorder()._accumulator._global_physical_count_of_buffered_step
+    except Exception:
+        return None
+    if type(ring).__name__ == "_InfiniteBuffer":
+        return 0  # an unbounded buffer holds its passes in order from row 0
+    index, buffer = getattr(ring, "_curr_index", None), getattr(ring, "_buffer", None)
+    if not isinstance(index, int) or buffer is None or len(buffer) != rows:
+        return None
+    return index if 0 <= index < rows else None
 
 
 def _to_outputs(
@@ -170,6 +204,12 @@ def _to_outputs(
         for arr, dt in zip((phy2log, log2phy, count), dtypes, strict=True)
     )
     return a, b, c
+
+
+def _torch_from_numpy(arr: IntArray) -> Any:
+    import torch
+
+    return torch.from_numpy(arr)
 
 
 def _torch_int64() -> Any:

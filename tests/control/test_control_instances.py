@@ -179,3 +179,46 @@ def test_an_instance_with_only_a_window_or_two_still_plans() -> None:
     ev = evaluate_instances(ws, {"a-0": LIVE, "b-0": LIVE}, LIVE, SHAPE, policy(), {}, 0.0)
     assert SHAPE.problems(ev.results["b-0"].candidate) == []
     assert ev.history_buckets == 8
+
+
+def test_each_instance_is_planned_on_its_own_newest_step_samples() -> None:
+    """The same windows with and without step samples on one instance's newest window (its passes
+    swing between two hot sets): only that instance's plan changes, and provenance says how many."""
+    rng = np.random.default_rng(4)
+    ws = two_instances(n=6, seed=4)
+    newest = max((w for w in ws if w.instance == "a-0/u1"), key=lambda w: w.ended_at)
+    swing = np.zeros((8, L, E))
+    for k in range(8):
+        hot = [0, 1, 2] if k % 2 else [8, 9, 10]
+        swing[k] = rng.poisson(mix(hot) / 8)
+    sampled = Window(
+        newest.instance, newest.seq, newest.ended_at, swing.sum(axis=0), steps=swing.astype(np.float32)
+    )
+    with_steps = [sampled if w is newest else w for w in ws]
+    without = [
+        Window(newest.instance, newest.seq, newest.ended_at, swing.sum(axis=0)) if w is newest else w
+        for w in ws
+    ]
+    currents = {"a-0": LIVE, "b-0": LIVE}
+    args = (currents, LIVE, SHAPE, policy(), {}, 0.0)
+    a = evaluate_instances(with_steps, *args)
+    b = evaluate_instances(without, *args)
+    assert a.results["a-0"].step_samples == 8 and b.results["a-0"].step_samples == 0
+    assert a.results["b-0"].step_samples == 0
+    assert not np.array_equal(a.results["a-0"].candidate, b.results["a-0"].candidate)
+    np.testing.assert_array_equal(a.results["b-0"].candidate, b.results["b-0"].candidate)
+    rows = provenance(a, 3)
+    assert rows["a-0"]["stepSamples"] == 8 and rows["b-0"]["stepSamples"] == 0
+
+
+def test_the_window_whose_samples_history_keeps_is_the_one_the_plan_reads() -> None:
+    """Two windows ending at the same time: History and newest_fresh pick the same one."""
+    from moe_operator.control.instances import newest_fresh
+    from moe_operator.control.windows import History
+
+    counts = mix([0])
+    h = History()
+    h.add([Window("a-0/u", 1, 100.0, counts, steps=np.stack([counts / 2]).astype(np.float32))])
+    h.add([Window("a-0/u", 2, 100.0, counts, steps=np.stack([counts / 4]).astype(np.float32))])
+    picked = newest_fresh(list(h.windows), 0.0)["a-0"]
+    assert picked.seq == 2 and picked.steps is not None

@@ -203,6 +203,8 @@ def test_control_loop_balances_each_instance(
         prov = json.loads(live_cm()["metadata"]["annotations"]["moe.inference.dev/placement-provenance"])
         assert live_doc["version"] <= (held_version(ips[0]) or 0), live_doc["version"]  # none lags it
         assert set(prov["instances"]) == set(pod_names), prov
+        # each plan hedged on its runtime's single passes (the replay engine samples its recorder's ring)
+        assert all(row["stepSamples"] > 0 for row in prov["instances"].values()), prov
         assert len(json.dumps(live_cm())) < 256 * 1024  # one map in the ConfigMap, not one per instance
 
         # One runtime dies: the other keeps getting the placement refreshed and stays balanced.

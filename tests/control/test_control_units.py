@@ -286,3 +286,90 @@ def test_read_stored_adopts_only_valid_bounded_documents() -> None:
     for doc in hostile:
         got = read_stored(cm(doc), shape, now)
         assert got.phy2log is None and got.problems, doc if isinstance(doc, dict) else doc[:20]
+
+
+def test_step_samples_are_kept_when_they_are_samples_of_their_window() -> None:
+    counts = [[5, 7], [0, 4]]
+    steps = [[[1, 2], [0, 1]], [[2, 3], [0, 3]]]
+    (w,) = parse_windows(
+        "a", {"windows": [{"seq": 1, "ended_at": 9.0, "counts": counts, "steps": steps}]}, (2, 2)
+    )
+    assert w.steps is not None and w.steps.dtype == np.float32 and w.steps.shape == (2, 2, 2)
+    np.testing.assert_array_equal(w.steps, steps)
+
+
+def test_hostile_step_samples_are_dropped_and_their_window_still_counts() -> None:
+    counts = [[5, 7]]
+    hostile: list[object] = [
+        [[[1, 2]]] * 65,  # more samples than the runtime ever sends
+        [[[1, 2, 3]]],  # another shape
+        [[[1]], [[1, 2]]],  # ragged
+        [[[float("nan"), 1]]],  # json.loads takes NaN
+        [[[1, float("inf")]]],
+        [[[-1, 2]]],
+        [[[4, 4]], [[2, 4]]],  # more than the window routed to expert 0 (6 > 5)
+        [],
+        "steps",
+        {"0": [[1, 2]]},
+        [[["a", 2]]],
+        [[[10**400, 1]]],  # an integer no float holds (json.loads gives a Python int)
+        [[[1e38, 1]], [[1e38, 1]], [[1e38, 1]], [[1e38, 1]]],  # finite, but not once stored as float32
+    ]
+    for bad in hostile:
+        answer = {"windows": [{"seq": 1, "ended_at": 9.0, "counts": counts, "steps": bad}]}
+        (w,) = parse_windows("a", answer, (1, 2), now=10.0)
+        assert w.seq == 1 and w.steps is None, bad
+
+
+def test_numbers_too_large_for_a_float_drop_the_window_instead_of_raising() -> None:
+    huge = 10**400
+    answer = {
+        "windows": [
+            {"seq": 1, "ended_at": 9.0, "counts": [[huge, 1]]},
+            {"seq": 2, "ended_at": huge, "counts": [[1, 1]]},
+            {"seq": 3, "ended_at": -huge, "counts": [[1, 1]]},
+            {"seq": 4, "ended_at": 9.0, "counts": [[1, 1]]},
+        ]
+    }
+    assert [w.seq for w in parse_windows("a", answer, (1, 2), now=10.0)] == [4]
+    for value in (4e38, 16777219):  # past float32; rounds up to 16777220 in float32 (> its window)
+        (w,) = parse_windows("a", {"windows": [{**answer["windows"][3], "counts": [[value, 1]],
+                                                "steps": [[[value, 1]]]}]}, (1, 2), now=10.0)  # fmt: skip
+        assert w.steps is None, value
+    (w,) = parse_windows("a", {"windows": [{**answer["windows"][3], "steps": [[[1, 1]]]}]}, (1, 2), now=10.0)
+    assert w.steps is not None
+
+
+def test_step_samples_stay_with_their_own_window() -> None:
+    """Two entries with one number: each window's samples are checked against its own counts."""
+    answer = {
+        "windows": [
+            {"seq": 5, "ended_at": 9.0, "counts": [[9, 9]], "steps": [[[9, 9]]]},
+            {"seq": 5, "ended_at": 5.0, "counts": [[5, 5]], "steps": [[[2, 2]]]},
+        ]
+    }
+    got = parse_windows("a", answer, (1, 2), now=10.0)
+    assert got[0].steps is not None and got[0].steps.tolist() == [[[9, 9]]] and got[1].steps is None
+
+
+def test_step_samples_are_read_from_the_newest_window_of_an_answer_only() -> None:
+    one = {"counts": [[5, 7]], "steps": [[[1, 2]]]}
+    answer = {"windows": [{"seq": 2, "ended_at": 9.0, **one}, {"seq": 1, "ended_at": 8.0, **one}]}
+    got = {w.seq: w.steps is not None for w in parse_windows("a", answer, (1, 2), now=10.0)}
+    assert got == {2: True, 1: False}
+
+
+def test_history_keeps_step_samples_on_each_instances_newest_window_only() -> None:
+    rng = np.random.default_rng(3)
+    h = History()
+
+    def sampled(inst: str, seq: int, t: float) -> Window:
+        w = window(inst, seq, t, rng)
+        return Window(inst, seq, t, w.counts, steps=np.stack([w.counts / 4] * 3).astype(np.float32))
+
+    h.add([sampled("a", 1, 10), sampled("b", 1, 11)])
+    h.add([sampled("a", 2, 20), window("b", 2, 21, rng)])  # b's newest window came without samples
+    held = {(w.instance, w.seq): w.steps is not None for w in h.windows}
+    assert held == {("a", 1): False, ("b", 1): True, ("a", 2): True, ("b", 2): False}
+    h.add([sampled("b/new-uid", 1, 30)])  # b's leader restarted: its old samples go
+    assert [(w.instance, w.seq) for w in h.windows if w.steps is not None] == [("a", 2), ("b/new-uid", 1)]

@@ -63,9 +63,34 @@ def main() -> None:
                 if topk:
                     with rec.with_current_layer(layer):
                         rec.on_select_experts(torch.tensor(topk, dtype=torch.int32))
-    rec.dump_record()
+    if plan.get("eplb"):
+        _rebalance_through_the_plugin(ed, rec, plan, world)
+    else:
+        rec.dump_record()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _rebalance_through_the_plugin(ed: types.ModuleType, rec: object, plan: dict, world: int) -> None:
+    """What EPLBManager.rebalance does at a rebalance: dump_record(output_mode="object") on the
+    global recorder, then ExpertLocationMetadata.init_by_eplb on its logical_count, which calls
+    rebalance_experts and so the plugin (installed through SGLang's HookRegistry)."""
+    from sglang_ctx import expert_location_context, plugin_hook_installed
+
+    from moe_runtime import sglang_plugin
+
+    ed.set_global_expert_distribution_recorder(rec)
+    out = ed.get_global_expert_distribution_recorder().dump_record(output_mode="object")
+    layers, experts = plan["layers"], plan["experts"]
+    redundant = len(plan["phy2log"][0]) - experts
+    with (
+        plugin_hook_installed(),
+        expert_location_context(
+            num_layers=layers, num_experts=experts, ep_size=world, num_redundant=redundant
+        ) as el,
+    ):
+        el.ExpertLocationMetadata.init_by_eplb(None, out["logical_count"])
+    sglang_plugin.hook_state().flush()
 
 
 def _einops_if_missing() -> None:

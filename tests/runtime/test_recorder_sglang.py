@@ -82,6 +82,47 @@ def test_the_real_recorders_dump_reads_back_as_the_window_of_both_ranks(tmp_path
     assert n == 4 and counts[0].sum() == 0
 
 
+def test_the_plugin_samples_passes_from_the_real_ring_oldest_first(tmp_path: Path) -> None:
+    """SGLang's ring wraps (10 passes into 6 rows; rows are not in time order then) and its reset
+    keeps the write index: the plugin, called by the real init_by_eplb on the real recorder's
+    object dump, must still export the newest passes oldest first, idle ones left out."""
+    rng = np.random.default_rng(8)
+    phy2log = np.stack([rng.permutation(np.concatenate([np.arange(E), rng.choice(E, R)])) for _ in range(L)])
+    passes, expected = [], []
+    for p in range(10):
+        per_layer: list[list[list[int]]] = [[] for _ in range(L)]
+        logical = np.zeros((L, E), dtype=np.int64)
+        if p != 7:  # pass 7 routes nothing (an idle pass)
+            for layer in range(1, L):
+                topk = rng.integers(0, E + R, size=(p + 1, 2))  # pass p routes p + 1 tokens
+                per_layer[layer] = topk.tolist()
+                np.add.at(logical[layer], phy2log[layer, topk.ravel()], 1)
+        passes.append(per_layer)
+        expected.append(logical)
+    plan = {
+        "layers": L, "experts": E, "phy2log": phy2log.tolist(), "buffer": BUFFER, "passes": [passes],
+        "eplb": True,
+    }  # fmt: skip
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    env = {
+        **os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "MOE_RUNTIME_STATE_DIR": str(tmp_path / "state"),
+        "MOE_EPLB_PLANNER": "off", "MOE_EPLB_MODE": "operator",
+    }  # fmt: skip
+    env.pop("MOE_PLACEMENT_FILE", None)
+    worker = [sys.executable, str(HERE / "sglang_recorder_worker.py"), "0", "1", str(free_port())]
+    run = subprocess.run(
+        [*worker, str(tmp_path / "plan.json")], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    from moe_runtime import exchange
+
+    (window,) = exchange.take_windows(tmp_path / "state")
+    newest = [4, 5, 6, 8, 9]  # the ring holds passes 4-9; pass 7 was idle
+    np.testing.assert_array_equal(window.counts, np.sum([expected[p] for p in newest], axis=0))
+    assert window.passes == 5 and window.steps is not None
+    np.testing.assert_array_equal(window.steps, [expected[p] for p in newest])
+
+
 def test_the_replay_engines_dump_is_what_torch_load_reads(tmp_path: Path) -> None:
     import torch
 

@@ -163,6 +163,52 @@ def test_window_from_buffer_counts_passes_with_traffic() -> None:
     assert passes == 2 and total.sum() == 10 and total.dtype == np.int64
 
 
+def test_step_samples_read_the_ring_from_its_write_index_and_skip_idle_passes() -> None:
+    """SGLang's ring writes row ``next_index`` next: rows from there on are the oldest."""
+    routed = np.array([True, True, False, True, True, True])  # row 2 idle
+    np.testing.assert_array_equal(eplb_hook.sample_positions(routed, 4), [4, 5, 0, 1, 3])
+    np.testing.assert_array_equal(eplb_hook.sample_positions(routed, 0), [0, 1, 3, 4, 5])
+    assert eplb_hook.sample_positions(routed, None) is None  # order unknown: no samples
+    assert eplb_hook.sample_positions(routed, 6) is None
+    assert eplb_hook.sample_positions(np.zeros(4, dtype=bool), 0) is None
+    assert (
+        eplb_hook.sample_positions(routed, True) is None and eplb_hook.sample_positions(routed, 0, 0) is None
+    )
+    np.testing.assert_array_equal(eplb_hook.sample_positions(routed, 4, count=1), [3])  # the newest
+    assert eplb_hook.steps_from_buffer(np.zeros((0, 3, 8), dtype=np.int32), 0) is None
+    many = eplb_hook.sample_positions(np.ones(1000, dtype=bool), 700, count=32)
+    assert many is not None and many.size == 32 and many[0] == 700 and many[-1] == 699  # oldest, newest
+    unrolled = (many - 700) % 1000
+    assert (np.diff(unrolled) > 0).all() and np.diff(unrolled).max() - np.diff(unrolled).min() <= 1
+
+
+def test_steps_from_a_wrapped_buffer_come_out_oldest_first(tmp_path: Path) -> None:
+    buf = np.zeros((5, 3, 8), dtype=np.int32)
+    for t, row in enumerate([3, 4, 0, 1]):  # 4 passes written from row 3 on: next write at row 2
+        buf[row, 1, t] = t + 1
+    steps = eplb_hook.steps_from_buffer(buf, 2)
+    assert steps is not None and steps.dtype == np.int32
+    np.testing.assert_array_equal(steps[:, 1].argmax(axis=1), [0, 1, 2, 3])
+    st = state(tmp_path)
+    eplb_hook.rebalance_single_process(
+        st, buf.sum(axis=0), 4, SHAPE, lambda: trivial_map(3, 8, 12), steps=steps
+    )
+    st.flush()
+    (w,) = exchange.take_windows(tmp_path)
+    assert w.steps is not None and w.steps.dtype == np.int32
+    np.testing.assert_array_equal(w.steps, steps)
+
+
+def test_a_spooled_window_whose_samples_do_not_fit_keeps_its_counts(tmp_path: Path) -> None:
+    c = counts()
+    exchange.write_window(
+        tmp_path, exchange.WindowRecord(c, 3, 0.0, 1.0, steps=np.ones((2, 3, 7), dtype=np.int32))
+    )
+    (w,) = exchange.take_windows(tmp_path)
+    assert w.steps is None
+    np.testing.assert_array_equal(w.counts, c)
+
+
 def test_export_never_raises(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")

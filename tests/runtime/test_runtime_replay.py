@@ -153,6 +153,12 @@ def test_replay_serves_the_sidecar_api(replay: Replay) -> None:
     w = client.get("/v1/windows/latest").json()
     assert (w["num_layers"], w["num_experts"]) == (LAYERS, EXPERTS)
     assert w["passes"] == 40 and w["tokens"] > 0 and sum(w["counts"][0]) == 0  # dense layer
+    # 32 of the window's 40 passes, read off the recorder's ring as the plugin reads SGLang's
+    sampled = client.get("/v1/windows/latest", params={"steps": "true"}).json()
+    assert w["step_samples"] == 32 and sampled["seq"] == w["seq"]
+    steps = np.asarray(sampled["steps"])
+    assert steps.shape == (32, LAYERS, EXPERTS) and steps[:, 0].sum() == 0
+    assert (steps.sum(axis=0) <= np.asarray(sampled["counts"])).all() and (steps.sum(axis=(1, 2)) > 0).all()
     st = client.get("/v1/status").json()
     assert st["engine"] == {"ready": True, "reason": "engine ready", "draining": False}
     # the hook writes its counters and the window separately; the sidecar reads both at its polls

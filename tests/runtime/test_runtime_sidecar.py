@@ -182,6 +182,7 @@ def test_windows_from_the_plugin_spool(tmp_path: Path) -> None:
             ) is None
             assert (await c.api.get("/v1/windows/latest")).json()["seq"] == 3
             assert not list(exchange.spool_dir(base).iterdir())
+            assert w[0]["step_samples"] == 0 and "steps" not in w[0]
 
             metrics = await c.scrape()
             assert "moe_runtime_windows_total 3.0" in metrics
@@ -232,6 +233,36 @@ def test_windows_from_the_plugin_spool(tmp_path: Path) -> None:
             assert "moe_runtime_plugin_hook_seconds 0.002" in metrics
             # GPU loads 35, 25, 30, 10 (x3): copies on GPUs 0, 2, 3 serve ranks 0+1, 2, 3
             assert metric(metrics, "moe_runtime_layer_balancedness", layer="1") == pytest.approx(25 / 35)
+
+    asyncio.run(run())
+
+
+def test_only_the_newest_window_keeps_its_step_samples_and_they_are_sent_when_asked(tmp_path: Path) -> None:
+    async def run() -> None:
+        async with sidecar(tmp_path) as (side, c):
+            counts = np.zeros((3, 8), dtype=np.int64)
+            counts[1:] = 40
+            for i in range(2):
+                steps = np.full((4, 3, 8), i + 1, dtype=np.int32)
+                steps[:, 0] = 0
+                exchange.write_window(
+                    side.opts.state_dir,
+                    exchange.WindowRecord(counts, 4, 10.0 * i, 10.0 * i + 10, {"num_gpus": 4}, steps=steps),
+                )
+
+            async def two() -> bool:
+                return bool((await c.api.get("/v1/status")).json()["windows"]["count"] == 2)
+
+            await until(two)
+            plain = (await c.api.get("/v1/windows")).json()["windows"]
+            assert [x["step_samples"] for x in plain] == [0, 4] and all("steps" not in x for x in plain)
+            asked = (await c.api.get("/v1/windows", params={"steps": "true"})).json()["windows"]
+            assert "steps" not in asked[0]
+            sent = np.asarray(asked[1]["steps"])
+            assert sent.shape == (4, 3, 8) and (sent[:, 1:] == 2).all() and (sent[:, 0] == 0).all()
+            latest = (await c.api.get("/v1/windows/latest", params={"steps": "1"})).json()
+            assert np.asarray(latest["steps"]).shape == (4, 3, 8)
+            assert "steps" not in (await c.api.get("/v1/windows/latest")).json()
 
     asyncio.run(run())
 

@@ -57,8 +57,8 @@ class RuntimeClient:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     def windows(self, ip: str, after: int) -> dict[str, Any]:
-        """GET /v1/windows after a cursor (counts included)."""
-        params = {"after": str(after), "counts": "true"}
+        """GET /v1/windows after a cursor (counts included, and the newest window's step samples)."""
+        params = {"after": str(after), "counts": "true", "steps": "true"}
         return self._get_json(ip, "/v1/windows", params, MAX_ANSWER_BYTES)
 
     def placement(self, ip: str) -> dict[str, Any]:

@@ -25,16 +25,10 @@ import numpy as np
 from moe_operator.control import aggregate, score
 from moe_operator.control.decide import Decision, Inputs, decide
 from moe_operator.control.evaluate import NoFreshWindows, Policy, PoolShape, UnsafePlan
-from moe_operator.control.windows import FloatArray, Window
+from moe_operator.control.windows import FloatArray, Window, instance_of, newest
 from moe_placement import document, plan, plan_instances
 
 MAX_STATUS_INSTANCES = 32  # status.placement.<pool>.instances and the provenance annotation
-
-
-def instance_of(key: str) -> str:
-    """The instance a history key ("pod/uid") belongs to: the leader pod's name, which a restarted
-    group keeps (its uid changes), so its windows from before the restart stay its own."""
-    return key.split("/", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -81,6 +75,7 @@ class InstanceResult:
     moved: int
     decision: Decision
     window_end: float
+    step_samples: int = 0  # single passes of its newest window the plan hedged on
 
     @property
     def target(self) -> np.ndarray:
@@ -154,14 +149,14 @@ def histories(
 
 def newest_fresh(windows: Sequence[Window], fresh_after: float) -> dict[str, Window]:
     """Each instance's newest window ending after ``fresh_after`` (restored buckets never score)."""
-    newest: dict[str, Window] = {}
+    found: dict[str, Window] = {}
     for w in windows:
         name = instance_of(w.instance)
         if w.restored or w.ended_at < fresh_after:
             continue
-        if name not in newest or w.ended_at > newest[name].ended_at:
-            newest[name] = w
-    return newest
+        if name not in found or newest(w) > newest(found[name]):
+            found[name] = w
+    return found
 
 
 def evaluate_instances(
@@ -184,7 +179,8 @@ def evaluate_instances(
     plans = plan_instances(
         own, num_gpus=shape.num_gpus, num_nodes=shape.num_nodes, num_redundant=shape.num_redundant,
         num_groups=shape.num_groups, pool=pool, currents={n: currents[n] for n in fresh},
-        dispatch=shape.dispatch, max_moves=policy.max_moves or None,
+        steps={n: w.steps for n, w in fresh.items()}, dispatch=shape.dispatch,
+        max_moves=policy.max_moves or None,
     )  # fmt: skip
     results = {
         n: _result(n, fresh[n], currents[n], plans[n], shape, policy, since_change.get(n)) for n in fresh
@@ -216,8 +212,9 @@ def _result(
             min_interval_s=policy.min_interval_s, since_last_publish_s=since, paused=policy.paused,
         )
     )  # fmt: skip
+    samples = 0 if newest.steps is None else int(newest.steps.shape[0])
     return InstanceResult(
-        name, current, candidate, measured, predicted, planned.moved_slots, decision, newest.ended_at
+        name, current, candidate, measured, predicted, planned.moved_slots, decision, newest.ended_at, samples
     )
 
 
@@ -257,6 +254,7 @@ def provenance(ev: PoolEvaluation, version: int) -> dict[str, Any]:
             "measuredBalancedness": round(r.measured, 4),
             "predictedBalancedness": round(r.predicted, 4),
             "movedExperts": r.moved if r.decision.publish else 0,
+            "stepSamples": r.step_samples,
         }
         for r in rows
     }

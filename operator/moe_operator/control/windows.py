@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -15,17 +14,33 @@ FloatArray = npt.NDArray[np.float64]
 MAX_CLOCK_SKEW_S = 300.0  # a window may end this far ahead of the operator's clock
 MAX_SEQ = 2**53  # window numbers stay exact in JSON
 MAX_HISTORY_BYTES = 64 * 2**20  # per pool: about 500 DeepSeek-V3 windows (61 x 256 float64)
+MAX_STEP_SAMPLES = 32  # what the runtime sends (moe_runtime.eplb_hook.STEP_SAMPLES): 2 MB per instance at V3
+
+
+def instance_of(key: str) -> str:
+    """The instance a history key ("pod/uid") belongs to: the leader pod's name, which a restarted
+    group keeps (its uid changes), so its windows from before the restart stay its own."""
+    return key.split("/", 1)[0]
+
+
+def newest(w: Window) -> tuple[float, int]:
+    """How windows of one instance are ordered: by end, then number (one rule for every reader)."""
+    return (w.ended_at, w.seq)
 
 
 @dataclass(frozen=True)
 class Window:
-    """One instance's per-expert token counts [layers, experts] over one engine rebalance period."""
+    """One instance's per-expert token counts [layers, experts] over one engine rebalance period,
+    and up to MAX_STEP_SAMPLES single passes of it [k, layers, experts], oldest first (float32:
+    exact for per-pass counts, half the memory), held on each instance's newest window only
+    (apart from the history's byte bound: at most one set per instance)."""
 
     instance: str
     seq: int
     ended_at: float
     counts: FloatArray
     restored: bool = False  # an aggregated bucket from before an operator restart: plans, never scores
+    steps: npt.NDArray[np.float32] | None = None
 
 
 def parse_windows(
@@ -33,9 +48,11 @@ def parse_windows(
 ) -> list[Window]:
     """Windows of one /v1/windows answer. Dropped: another shape (other model, no counts), counts
     that are not finite and non-negative, numbers out of range, and windows ending in the future
-    (they would stay "fresh" forever and never age out of the history)."""
+    (they would stay "fresh" forever and never age out of the history). Step samples are read
+    from the newest window alone (the only one the planner uses)."""
     now = time.time() if now is None else now
     out: list[Window] = []
+    sampled: list[Any] = []  # each kept window's raw step samples
     raw = answer.get("windows")
     for w in raw if isinstance(raw, list) else []:
         if not isinstance(w, dict):
@@ -43,16 +60,38 @@ def parse_windows(
         seq, ended = w.get("seq"), w.get("ended_at") or 0.0
         if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq <= MAX_SEQ:
             continue
-        if not isinstance(ended, int | float) or not math.isfinite(ended) or ended > now + MAX_CLOCK_SKEW_S:
-            continue
+        if not isinstance(ended, int | float) or not -MAX_SEQ < ended <= now + MAX_CLOCK_SKEW_S:
+            continue  # NaN fails both comparisons; an int too large for a float never reaches isfinite
         try:
             counts = np.asarray(w.get("counts") or [], dtype=np.float64)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             continue
         if counts.shape != shape or not np.all(np.isfinite(counts)) or counts.min(initial=0.0) < 0:
             continue
         out.append(Window(instance, seq, float(ended), counts))
+        sampled.append(w.get("steps"))
+    if out:
+        last = max(range(len(out)), key=lambda i: newest(out[i]))
+        out[last] = replace(out[last], steps=parse_steps(sampled[last], out[last].counts))
     return out
+
+
+def parse_steps(raw: Any, counts: FloatArray) -> npt.NDArray[np.float32] | None:
+    """A window's step samples, or None (the window still counts) when absent or not samples of
+    it: wrong shape, more than MAX_STEP_SAMPLES, not finite and non-negative, or summing to more
+    than the window holds for some expert (a pass cannot route more than its window)."""
+    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_STEP_SAMPLES:
+        return None
+    try:
+        steps = np.asarray(raw, dtype=np.float64)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    if steps.shape[1:] != counts.shape or not np.all(np.isfinite(steps)) or steps.min(initial=0.0) < 0:
+        return None
+    kept = steps.astype(np.float32)  # checked as stored: past float32's range is inf, past any window
+    if np.any(kept.sum(axis=0, dtype=np.float64) > counts):
+        return None
+    return kept
 
 
 @dataclass
@@ -74,8 +113,23 @@ class History:
             self.windows.append(w)
             added += 1
         self.windows = deque(sorted(self.windows, key=lambda w: w.ended_at))
+        self._newest_steps_only()
         self._bound()
         return added
+
+    def _newest_steps_only(self) -> None:
+        """Step samples stay on each instance's newest window that has them (the planner reads no
+        others): a pool's history holds at most one set per instance."""
+        keep: dict[str, Window] = {}
+        for w in self.windows:
+            name = instance_of(w.instance)  # a restarted leader's old samples go too
+            if w.steps is not None and (name not in keep or newest(w) > newest(keep[name])):
+                keep[name] = w
+        if sum(w.steps is not None for w in self.windows) > len(keep):
+            self.windows = deque(
+                w if w.steps is None or keep[instance_of(w.instance)] is w else replace(w, steps=None)
+                for w in self.windows
+            )
 
     def _bound(self) -> None:
         total = sum(w.counts.nbytes for w in self.windows)

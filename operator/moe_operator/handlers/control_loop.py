@@ -209,7 +209,7 @@ def collect(t: Tick, client: RuntimeClient, leaders: list[dict[str, Any]]) -> tu
             if int(answer.get("latest_seq") or 0) < cursors[key]:  # the runtime restarted
                 return key, {"restarted": True, **client.windows(pod["ip"], 0)}, None
             return key, answer, None
-        except (RuntimeAnswerError, ValueError, TypeError) as exc:
+        except (RuntimeAnswerError, ValueError, TypeError, OverflowError) as exc:  # int(1e400)
             return key, None, f"{pod['name']}: {exc or type(exc).__name__}"[:120]
 
     failed, added = [], 0

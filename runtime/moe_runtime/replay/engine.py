@@ -36,7 +36,7 @@ from moe_placement.maps import (
     slot_shares,
     trivial_map,
 )
-from moe_runtime import eplb_hook, recorder
+from moe_runtime import eplb_hook, exchange, recorder
 from moe_runtime.eplb_hook import EplbMode
 from moe_runtime.replay.baseline import deepseek_global
 from moe_runtime.replay.load import LoadModel
@@ -105,8 +105,7 @@ class StandInRecorder:
                 self.index = (self.index + 1) % len(self.buffer)
 
     def _reset(self) -> None:
-        self.buffer[...] = 0
-        self.index = 0
+        self.buffer[...] = 0  # the write index stays where it is, as in SGLang's _CircularBuffer
 
     def start(self) -> None:
         with self._lock:
@@ -117,12 +116,14 @@ class StandInRecorder:
         with self._lock:
             self.recording = False
 
-    def take(self) -> tuple[IntArray, int]:
-        """dump_record(output_mode="object"), as the EPLB manager calls it: the window, then reset."""
+    def take(self) -> tuple[IntArray, int, exchange.StepArray | None]:
+        """dump_record(output_mode="object"), as the EPLB manager calls it: the window, then reset;
+        and the step samples the plugin reads from it with the ring's write index."""
         with self._lock:
-            out = eplb_hook.window_from_buffer(self.buffer)
+            counts, passes = eplb_hook.window_from_buffer(self.buffer)
+            steps = eplb_hook.steps_from_buffer(self.buffer, self.index)
             self._reset()
-        return out
+        return counts, passes, steps
 
     def dump(self, directory: Path) -> Path:
         """dump_record() as /dump_expert_distribution_record runs it on rank 0: a file, then reset."""
@@ -221,14 +222,14 @@ class ReplayEngine:
     def rebalance(self) -> eplb_hook.Decision:
         """The hook, called with the window SGLang's EPLBManager would hand over."""
         assert self.opts.rebalances and self.recorder is not None, "SGLang rebalances only with EPLB on"
-        window, passes = self.recorder.take()
+        window, passes, steps = self.recorder.take()
         shape = self.shape
 
         def original() -> IntArray:
             return deepseek_global(window, shape.num_gpus, shape.num_redundant)
 
         decision, applied = eplb_hook.rebalance_single_process(
-            self.hook, window, passes, shape, original, current=self.phy2log
+            self.hook, window, passes, shape, original, current=self.phy2log, steps=steps
         )
         self.set_map(applied)
         self.rebalances += 1

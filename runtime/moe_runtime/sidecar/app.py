@@ -3,8 +3,9 @@ listeners"):
 
 API (port ``runtime``, every route needs ``Authorization: Bearer <token>``)
   GET  /v1/status               identity, layout, placement, plugin counters, load source
-  GET  /v1/windows?after=&limit=&counts=   recent load windows, oldest first
-  GET  /v1/windows/latest       the newest window
+  GET  /v1/windows?after=&limit=&counts=&steps=   recent load windows, oldest first (steps:
+                                the newest window's step samples, when it has them)
+  GET  /v1/windows/latest?steps=   the newest window
   GET  /v1/placement            the held operator placement and the applied map's origin
   PUT  /v1/placement            push {version, physicalToLogicalMap, generatedAt?} (POST too)
 Probes (port ``probes``, no token): GET /healthz (the event loop runs), GET /readyz (the engine
@@ -193,12 +194,13 @@ async def windows(request: web.Request) -> web.Response:
     except ValueError:
         return _error(400, f"after must be an integer >= 0 and limit one in [1, {s.ring_size}]")
     limit = min(limit, s.ring_size)
-    with_counts = request.query.get("counts", "true").lower() not in ("0", "false", "no")
+    with_counts = _flag(request, "counts", True)
+    with_steps = _flag(request, "steps", False)
     items = s.windows_after(after, limit)
     top_k = s.layout.top_k
     return _json(
         {
-            "windows": [w.to_json(top_k, counts=with_counts) for w in items],
+            "windows": [w.to_json(top_k, counts=with_counts, steps=with_steps) for w in items],
             "latest_seq": s.seq,
             "now": time.time(),
         }
@@ -209,7 +211,12 @@ async def latest_window(request: web.Request) -> web.Response:
     s = request.app[STATE_KEY]
     if not s.windows:
         return _error(404, "no window yet")
-    return _json(s.windows[-1].to_json(s.layout.top_k))
+    return _json(s.windows[-1].to_json(s.layout.top_k, steps=_flag(request, "steps", False)))
+
+
+def _flag(request: web.Request, name: str, default: bool) -> bool:
+    raw = request.query.get(name)
+    return default if raw is None else raw.lower() not in ("0", "false", "no")
 
 
 async def get_placement(request: web.Request) -> web.Response:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,7 @@ class Window:
             return None
         return float(self.record.counts.sum(axis=1).max()) / top_k
 
-    def to_json(self, top_k: int | None, *, counts: bool = True) -> dict[str, Any]:
+    def to_json(self, top_k: int | None, *, counts: bool = True, steps: bool = False) -> dict[str, Any]:
         rec = self.record
         doc: dict[str, Any] = {
             "seq": self.seq,
@@ -78,9 +78,12 @@ class Window:
             "num_layers": int(rec.counts.shape[0]),
             "num_experts": int(rec.counts.shape[1]),
             "placement": {"source": self.applied_source, "version": self.applied_version},
+            "step_samples": 0 if rec.steps is None else int(rec.steps.shape[0]),
         }
         if counts:
             doc["counts"] = rec.counts.tolist()
+        if steps and rec.steps is not None:
+            doc["steps"] = rec.steps.tolist()
         return doc
 
 
@@ -157,6 +160,11 @@ class SidecarState:
             window = Window(
                 self.seq, record, applied.source if applied else None, applied.version if applied else None
             )
+            if self.windows and self.windows[-1].record.steps is not None:
+                # only the newest window keeps its step samples (the planner reads those alone):
+                # a ring of DeepSeek-V3 windows with theirs would be 128 MB
+                prev = self.windows[-1]
+                self.windows[-1] = replace(prev, record=replace(prev.record, steps=None))
             self.windows.append(window)
         return window
 
