@@ -1,15 +1,16 @@
 """Decide, layer by layer, how far to move from the current placement (each loaded copy costs a transfer).
 
-Three options per layer: keep it; repair it within an even share of the move budget (only
-when there is a budget); or take the fresh plan relabelled to share as many slots with it
-as possible (matching.py).
+Options per layer: keep it; repair it within a budget (only when there is a cap: repairs
+within a half, one, one and a half and two even shares of the cap); or take the fresh plan
+relabelled to share as many slots with it as possible (matching.py).
 Repair first relabels spare copies toward the fresh plan's copy counts (one copy loaded
-each), then exchanges copies between GPUs on the forecast scenarios (search.py, two copies
-loaded each) while the share lasts. The options are compared on the forecast scenarios
+each), then exchanges copies between GPUs on the forecast scenarios (search.py, 0-2 copies
+loaded each, fewer when a copy moves on or back home) while its budget lasts. The options are compared on the forecast scenarios
 under the real dispatch rule; a layer changes only when its predicted gain clears
 ``min_layer_gain`` (small gains are not worth the transfers), and all layers together
-stay within ``max_moves`` loaded copies: first every layer's best option within its
-share, then the budget left goes to the upgrades with the most gain per extra copy.
+stay within ``max_moves`` loaded copies: the options that minimise the summed objective
+within the cap (``allocate``, exact), so a layer whose drift a copy buys more from takes
+copies from one where it buys less.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .search import expected_peak, gpu_scenario_loads, pair_refine
 from .solve import item_loads
 
 TIE = 1e-3  # relative objective difference treated as a tie (then fewer moves wins)
+REPAIR_SHARES = (0.5, 1.0, 1.5, 2.0)  # repair budgets tried per layer, in even shares of the cap
 
 
 def expected_imbalance(phy2log: IntArray, fc: Forecast, layout: Layout, dispatch: str) -> FloatArray:
@@ -47,37 +49,58 @@ def respect_current(
     num_layers = layout.num_layers
     matched = match_to_current(fresh, current, layout, dispatch)
     if max_moves is None:  # no cap: the fresh plan, unless keeping the current one is as good
-        repaired = current
-    else:
+        repairs = [current]
+    else:  # repairs on several budgets; the cap then goes to the layers where a copy buys the most
         target = expert_counts(fresh, layout.num_experts)
-        repaired = repair_current(current, target, fc, layout, dispatch, max_moves // num_layers)
-    share = layout.num_slots if max_moves is None else max_moves // num_layers
-    options = np.stack([current, repaired, matched])  # [3, L, P]
-    obj = np.stack([expected_imbalance(m, fc, layout, dispatch) for m in options])  # [3, L]
-    cost = np.stack([gpu_moves_per_layer(current, m, layout.num_gpus) for m in options]).astype(float)
+        share = max_moves // num_layers
+        # a cap under one copy per layer: one repair on the whole cap, which allocate gives to
+        # the layers where it buys most (even shares of it would be zero)
+        budgets = sorted({int(f * share) for f in REPAIR_SHARES} - {0}) or [max_moves] * (max_moves > 0)
+        repairs = [repair_current(current, target, fc, layout, dispatch, b) for b in budgets]
+    options = np.stack([current, *repairs, matched])  # [O, L, P]
+    obj = np.stack([expected_imbalance(m, fc, layout, dispatch) for m in options])  # [O, L]
+    cost = np.stack([gpu_moves_per_layer(current, m, layout.num_gpus) for m in options])
     layers = np.arange(num_layers)
     if max_moves is None:
         near_best = obj <= obj.min(axis=0, keepdims=True) * (1 + TIE)
         choice = np.argmin(np.where(near_best, cost, np.inf), axis=0)
     else:
-        within = (cost <= share) & (obj <= obj[0] * (1 + 1e-12))
-        choice = np.argmin(np.where(within, obj, np.inf), axis=0)
-        spent = float(cost[choice, layers].sum())
-        # upgrades (option, layer), best gain per extra move first
-        gain = obj[choice, layers][None, :] - obj
-        extra = cost - cost[choice, layers][None, :]
-        order = np.argsort(-(gain / np.maximum(extra, 1.0)).ravel(), kind="stable")
-        for k in order:
-            o, layer = divmod(int(k), num_layers)
-            more = cost[o, layer] - cost[choice[layer], layer]
-            if obj[o, layer] < obj[choice[layer], layer] and spent + more <= max_moves:
-                spent += more
-                choice[layer] = o
+        # only options worth their moves compete for the cap (else copies go to a layer that
+        # min_layer_gain then keeps as it is)
+        worth = obj <= obj[0] * (1 + 1e-12)
+        if min_layer_gain > 0:
+            worth &= (obj[0] - obj) >= min_layer_gain * np.maximum(obj[0], 1e-300)
+            worth[0] = True
+        choice = allocate(np.where(worth, obj, np.inf), cost, max_moves)
     base = obj[0]
     rel_gain = (base - obj[choice, layers]) / np.maximum(base, 1e-300)
     choice = np.where((rel_gain < min_layer_gain) | (rel_gain <= 0), 0, choice)
     final = options[choice, layers]
     return final, (final != current).any(axis=1)
+
+
+def allocate(obj: FloatArray, cost: IntArray, budget: int) -> IntArray:
+    """Per layer, the option [O, L] minimising the summed objective within ``budget`` copies in all
+    (exact, by dynamic programming over copies spent; of equal sums, the fewest copies).
+    Option 0 must cost nothing and have a finite objective."""
+    num_opts, num_layers = obj.shape
+    budget = int(min(budget, cost.max(axis=0).sum()))
+    best = np.zeros(budget + 1)  # least summed objective of the layers so far within b copies
+    pick = np.zeros((num_layers, budget + 1), dtype=np.int64)
+    for layer in range(num_layers):
+        trial = np.full((num_opts, budget + 1), np.inf)
+        for o in range(num_opts):
+            c = int(cost[o, layer])
+            if c <= budget and np.isfinite(obj[o, layer]):
+                trial[o, c:] = best[: budget + 1 - c] + obj[o, layer]
+        pick[layer] = np.argmin(trial, axis=0)
+        best = trial[pick[layer], np.arange(budget + 1)]
+    spend = int(np.flatnonzero(best <= best[-1] + 1e-12 * max(1.0, abs(best[-1])))[0])
+    choice = np.zeros(num_layers, dtype=np.int64)
+    for layer in range(num_layers - 1, -1, -1):
+        choice[layer] = pick[layer, spend]
+        spend -= int(cost[choice[layer], layer])
+    return choice
 
 
 def repair_current(
@@ -192,9 +215,12 @@ def _exchange(
     num_gpus, slots = bins.num_gpus, bins.slots
     if bins.num_domains == num_gpus:  # conflict domain = GPU: a subset can be re-packed on its own
         flat, left = repack_subset(flat, counts, mean, scen, bins, left, original)
+    # the budget counts copies loaded: an exchange that moves a copy on, or back, loads fewer than two
     loads = item_loads(scen, counts, flat)  # items are the slots themselves
+    held = np.zeros((rows, num_gpus, mean.shape[1]), dtype=bool)
+    held[np.arange(rows)[:, None], np.arange(total) // slots, original] = True
     start = np.broadcast_to(np.arange(total).reshape(1, num_gpus, slots), (rows, num_gpus, slots)).copy()
-    order = pair_refine(loads, flat, mean.shape[1], bins, start, swaps=np.maximum(left, 0) // 2)
+    order = pair_refine(loads, flat, mean.shape[1], bins, start, swaps=np.maximum(left, 0), held=held)
     out: IntArray = np.take_along_axis(flat, order.reshape(rows, -1), axis=1)
     return out
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .layout import FloatArray, IntArray
+from .layout import BoolArray, FloatArray, IntArray
 from .packing import Bins
 
 AnyFloat = npt.NDArray[Any]  # float64, or float32 inside the search (half the memory traffic)
@@ -36,6 +36,9 @@ MAX_PARTNERS = 6  # GPUs each focus GPU may exchange with in one round
 MIN_FOCUS = 8  # GPUs that try an exchange in each round, at least
 MAX_ROUNDS = 32  # on one scenario
 MAX_ROUNDS_SCENARIOS = 100
+PRICE_FLOOR = (
+    1.0  # with a move budget, an exchange ranks by gain / max(copies it loads, this): two-load ones at half
+)
 
 
 def gpu_scenario_loads(item_load: AnyFloat, layout: IntArray) -> AnyFloat:
@@ -58,10 +61,15 @@ def pair_refine(
     bins: Bins,
     layout: IntArray,
     swaps: IntArray | None = None,
+    held: BoolArray | None = None,
 ) -> IntArray:
     """Lower J by exchanging copies between GPUs. item_load [B, I, K] (scenarios last), layout [B, G, S] item ids.
 
     ``swaps`` [B]: at most this many exchanges per row (each moves two copies); None: no limit.
+    With ``held`` [B, G, E] (which experts each GPU held before any move), ``swaps`` counts copies
+    loaded instead: an exchange costs the copies its two GPUs hold beyond what they held (0-2 more,
+    fewer when it moves a copy on or back), and each GPU takes its best exchange per copy loaded;
+    once the budget is spent, exchanges that load nothing more are still taken.
     """
     rows, num_gpus, slots = layout.shape
     if num_gpus < 2 or rows == 0:
@@ -74,7 +82,10 @@ def pair_refine(
     layout = layout.copy()
     zl_all = item_load.astype(np.float32)
     load_all = gpu_scenario_loads(zl_all, layout)  # [B, G, K]
-    active = left > 0
+    # with ``held``, an exchange that moves copies on or back home loads none (or frees some):
+    # a spent budget still allows those, so a row stops for want of exchanges, not at zero
+    stop_at = 0 if held is None else -1
+    active = left > stop_at
     idle = np.zeros(rows, dtype=np.int64)  # consecutive rounds without an exchange
     slot_dom = np.repeat(bins.domain, slots)
     num_dom = bins.num_domains
@@ -129,6 +140,10 @@ def pair_refine(
         valid = (ea[:, :, None, :, None] != eb[:, :, :, None, :]) & (
             same | (a_ok[..., None] & b_ok[..., None, :])
         )  # [n, F, M, Sa, Sb]
+        if num_dom < num_gpus:  # inside a shared domain, a GPU still takes no second copy of an expert
+            p_has = (eb[:, :, :, None, :] == ea[:, :, None, :, None]).any(axis=4)  # [n, F, M, Sa]
+            h_has = (ea[:, :, None, None, :] == eb[..., None]).any(axis=4)  # [n, F, M, Sb]
+            valid &= ~p_has[..., None] & ~h_has[..., None, :]
         delta = zb[:, :, :, None, :, :] - za[:, :, None, :, None, :]  # [n, F, M, Sa, Sb, K]
         new_h = lh[:, :, None, None, None, :] + delta
         np.subtract(lp[:, :, :, None, None, :], delta, out=delta)
@@ -139,14 +154,25 @@ def pair_refine(
             axis=3, dtype=np.float64
         )
         gain = np.where(valid, current[..., None, None] - cost, -np.inf).reshape(n, focus, -1)
-        best = np.argmax(gain, axis=2)
+        if held is None:
+            score, price = gain, np.ones_like(gain, dtype=np.int64)
+        else:
+            price = _loads_added(held[idx], heavy, partner, ea, eb).reshape(n, focus, -1)
+            affordable = price <= left[idx, None, None]
+            score = np.where(affordable & (gain > 0), gain / np.maximum(price, PRICE_FLOOR), -np.inf)
+        best = np.argmax(score, axis=2)
         best_gain = np.take_along_axis(gain, best[..., None], axis=2)[..., 0]
+        best_score = np.take_along_axis(score, best[..., None], axis=2)[..., 0]
+        best_price = np.take_along_axis(price, best[..., None], axis=2)[..., 0]
         m_idx, rem = np.divmod(best, slots * slots)
         sa, sb = np.divmod(rem, slots)
-        improving = best_gain > TOLERANCE * np.maximum(before[:, None], 1e-30)
-        if swaps is not None:  # a row with a budget keeps its best exchanges only
-            rank = np.argsort(np.argsort(-np.where(improving, best_gain, -np.inf), axis=1), axis=1)
-            improving &= rank < left[idx, None]
+        improving = (best_gain > TOLERANCE * np.maximum(before[:, None], 1e-30)) & np.isfinite(best_score)
+        if swaps is not None:  # a row with a budget keeps its best exchanges (per copy loaded) only
+            rank = np.argsort(-np.where(improving, best_score, -np.inf), axis=1, kind="stable")
+            spend = np.cumsum(np.take_along_axis(np.maximum(best_price, 0) * improving, rank, axis=1), axis=1)
+            fits = np.empty_like(improving)
+            np.put_along_axis(fits, rank, spend <= left[idx, None], axis=1)
+            improving &= fits
         trial, trial_load = sub.copy(), load.copy()
         rr, ff = np.nonzero(improving)
         _apply(trial, trial_load, zl, heavy, partner, a_items, b_items, rr, ff, m_idx, sa, sb)
@@ -162,12 +188,30 @@ def pair_refine(
                 worse[still] = True
                 improving[still] = False
         progressed = improving.any(axis=1)
-        made = np.where(worse, progressed.astype(np.int64), improving.sum(axis=1))
+        single = np.zeros_like(improving)  # a row whose joint exchanges interfered made its best one alone
+        if redo.size:
+            single[redo, f1] = True
+        made = (best_price * np.where(worse[:, None], single & improving, improving)).sum(axis=1)
         left[idx] -= made
         layout[idx], load_all[idx] = trial, trial_load
         idle[idx] = np.where(progressed, 0, idle[idx] + 1)
-        active[idx[(idle[idx] >= patience) | (left[idx] <= 0)]] = False
+        active[idx[(idle[idx] >= patience) | (left[idx] <= stop_at)]] = False
     return layout
+
+
+def _loads_added(held: BoolArray, heavy: IntArray, partner: IntArray, ea: IntArray, eb: IntArray) -> IntArray:
+    """Copies loaded beyond what the GPUs held, added by each exchange [n, F, M, Sa, Sb] (-2..2)."""
+    n = held.shape[0]
+    nl = np.arange(n)
+    h_a = held[nl[:, None, None], heavy[:, :, None], ea].astype(np.int64)  # [n, F, Sa]
+    h_b = held[nl[:, None, None, None], heavy[:, :, None, None], eb].astype(np.int64)  # [n, F, M, Sb]
+    p_a = held[nl[:, None, None, None], partner[..., None], ea[:, :, None, :]].astype(
+        np.int64
+    )  # [n, F, M, Sa]
+    p_b = held[nl[:, None, None, None], partner[..., None], eb].astype(np.int64)  # [n, F, M, Sb]
+    # the heavy GPU gives a and takes b, the partner the reverse
+    out: IntArray = h_a[:, :, None, :, None] - h_b[:, :, :, None, :] + p_b[:, :, :, None, :] - p_a[..., None]
+    return out
 
 
 def _apply(

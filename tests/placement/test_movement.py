@@ -1,5 +1,8 @@
 """From the current placement: move caps hold, no expert is dropped, stale copies get fixed first."""
 
+import itertools
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -89,3 +92,46 @@ def test_moves_count_copies_a_gpu_must_load() -> None:
     assert gpu_moves(old, np.array([[1, 0, 3, 2]]), 2) == 0  # reordered inside each GPU: nothing to load
     assert gpu_moves(old, np.array([[2, 1, 0, 3]]), 2) == 2  # experts 0 and 2 change GPU
     assert gpu_moves(old, np.array([[0, 1, 2, 1]]), 2) == 1  # GPU 1 loads a copy of expert 1
+
+
+def test_the_cap_goes_to_the_layers_where_it_buys_the_most() -> None:
+    """allocate() is exact: against every combination of options, the least summed objective within
+    the budget, with option 0 (keep the layer) always allowed."""
+    from moe_placement.movement import allocate
+
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        options, layers = 4, 4
+        cost = rng.integers(1, 12, size=(options, layers))
+        cost[0] = 0
+        obj = rng.uniform(1.0, 1.3, size=(options, layers))
+        obj[rng.random((options, layers)) < 0.2] = np.inf
+        obj[0] = rng.uniform(1.2, 1.4, size=layers)
+        budget = int(rng.integers(0, 30))
+        choice = allocate(obj, cost, budget)
+        spent = cost[choice, np.arange(layers)].sum()
+        assert spent <= budget
+        best = min(
+            obj[list(c), np.arange(layers)].sum()
+            for c in itertools.product(range(options), repeat=layers)
+            if cost[list(c), np.arange(layers)].sum() <= budget
+        )
+        assert obj[choice, np.arange(layers)].sum() == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("cap", [1, 3, 5])
+def test_a_cap_under_one_copy_per_layer_still_buys_the_drifted_layer(cap: int) -> None:
+    """Even shares of a cap smaller than the layer count are zero copies; the cap must still go
+    to the one layer whose hot experts changed (found by a review probe: it bought nothing)."""
+    rng = np.random.default_rng(7)
+    kw: dict[str, Any] = {"num_gpus": 8, "num_redundant": 16, "dispatch": "dynamic"}
+    old = rng.poisson(rng.gamma(0.5, 80.0, size=(1, 6, 16)), size=(16, 6, 16)).astype(float)
+    current = plan(old, **kw).physical_to_logical_map
+    new = old.copy()
+    new[:, 0] = old[:, 0][:, rng.permutation(16)]  # layer 0 drifts
+    kept = plan(new, current=current, max_moves=0, **kw)
+    moved = plan(new, current=current, max_moves=cap, **kw)
+    assert 0 < moved.moved_slots <= cap
+    assert moved.moved_slots == gpu_moves(current, moved.physical_to_logical_map, 8)
+    assert moved.changed_layers[0] and not moved.changed_layers[1:].any()
+    assert moved.predicted_balancedness[0] > kept.predicted_balancedness[0] + 0.1

@@ -88,3 +88,103 @@ def test_tiny_rows_try_every_copy_vector() -> None:
     counts = np.bincount(sol.expert.ravel(), minlength=8)
     per_copy = toy[0] / counts
     assert per_copy[sol.expert[0]].sum(axis=1).max() == pytest.approx(590 / 3)  # DeepSeek's greedy: 232
+
+
+def test_an_exchange_is_priced_at_the_copies_it_makes_gpus_load() -> None:
+    """With ``held``, the search's budget counts copies loaded (metrics.gpu_moves): moving a copy on
+    or back home loads fewer than the two a fresh exchange loads. Checked against gpu_moves itself."""
+    from moe_placement.metrics import gpu_moves
+    from moe_placement.search import _loads_added
+
+    rng = np.random.default_rng(5)
+    gpus, slots, experts = 6, 2, 12
+    original = rng.permutation(experts)  # one copy each: a GPU never holds an expert twice
+    held = np.zeros((1, gpus, experts), dtype=bool)
+    held[0, np.arange(experts) // slots, original] = True
+    current = original.copy()
+    current[[0, 2]] = current[[2, 0]]  # an earlier exchange: GPUs 0 and 1 each loaded one copy
+    checked = set()
+    for heavy, partner, sa, sb in itertools.product(range(gpus), range(gpus), range(slots), range(slots)):
+        if heavy == partner:
+            continue
+        layout = current.reshape(gpus, slots)
+        ea = layout[heavy][None, None, :]  # [n, F, Sa]
+        eb = layout[partner][None, None, None, :]  # [n, F, M, Sb]
+        price = _loads_added(held, np.array([[heavy]]), np.array([[[partner]]]), ea, eb)[0, 0, 0, sa, sb]
+        after = layout.copy()
+        after[heavy, sa], after[partner, sb] = layout[partner, sb], layout[heavy, sa]
+        moved = gpu_moves(original[None], after.reshape(1, -1), gpus) - gpu_moves(
+            original[None], current[None], gpus
+        )
+        assert price == moved, (heavy, partner, sa, sb)
+        checked.add(int(price))
+    assert {-2, 0, 1, 2} <= checked  # -2: both moved copies go home and free their loads
+
+
+@pytest.mark.parametrize("budget", [0, 1, 2, 5, 12])
+def test_a_load_budget_bounds_the_copies_loaded_from_the_original(budget: int) -> None:
+    from moe_placement.metrics import gpu_moves
+
+    _, scenarios, counts, expert = _rows(11, 3, 40, 10, 4, scen=6)
+    bins = Bins(10, 4, np.arange(10))
+    loads = item_loads(scenarios, counts, expert)
+    start = np.broadcast_to(np.arange(40).reshape(1, 10, 4), (3, 10, 4)).copy()
+    held = np.zeros((3, 10, 40), dtype=bool)
+    held[np.arange(3)[:, None], np.arange(40) // 4, expert] = True
+    order = pair_refine(loads, expert, 40, bins, start, swaps=np.full(3, budget), held=held)
+    out = np.take_along_axis(expert, order.reshape(3, -1), axis=1)
+    for r in range(3):
+        assert gpu_moves(expert[r : r + 1], out[r : r + 1], 10) <= budget
+    if budget == 0:
+        np.testing.assert_array_equal(out, expert)
+    peak = [expected_peak(gpu_scenario_loads(item_loads(scenarios, counts, f), start)) for f in (expert, out)]
+    assert (peak[1] <= peak[0] * (1 + 1e-12)).all()
+
+
+def test_a_spent_budget_still_takes_exchanges_that_load_nothing() -> None:
+    """With ``held`` and nothing left to spend, a copy that was moved onto the busiest GPU still goes
+    back home (it frees two loads), instead of the search stopping at zero."""
+    from moe_placement.metrics import gpu_moves
+
+    load = np.array([4.0, 1.0, 3.0, 2.0, 2.5, 2.5, 1.0, 4.0])  # held: every GPU at 5
+    original = np.arange(8)
+    start = original.copy()
+    start[[0, 2]] = start[[2, 0]]  # an earlier exchange: GPU 1 now carries 6
+    held = np.zeros((1, 4, 8), dtype=bool)
+    held[0, np.arange(8) // 2, original] = True
+    layout = np.arange(8).reshape(1, 4, 2)
+    item_load = load[start][None, :, None]
+    order = pair_refine(
+        item_load, start[None], 8, Bins(4, 2, np.arange(4)), layout, swaps=np.zeros(1), held=held
+    )
+    out = np.take_along_axis(start[None], order.reshape(1, -1), axis=1)
+    assert gpu_moves(original[None], out, 4) == 0
+    assert expected_peak(gpu_scenario_loads(item_load, order))[0] == pytest.approx(5.0)
+
+
+def test_inside_a_node_domain_no_gpu_takes_a_second_copy_of_an_expert() -> None:
+    """Static dispatch over nodes: the conflict domain is the node, and a map from elsewhere may hold
+    an expert on two GPUs of one node. Swapping those two experts between those GPUs keeps the node's
+    experts, and ``held`` would price it at 0, yet each GPU would then hold one expert twice and load
+    a copy (found by a review probe: a spent budget kept taking such exchanges)."""
+    from moe_placement.metrics import gpu_moves
+
+    expert = np.array([0, 1, 2, 0, 1, 3, 4, 5, 2, 4, 5, 3])  # 4 GPUs x 3 slots; node 0 = GPUs 0 and 1
+    per_expert = np.array([4.0, 1.0, 6.0, 0.5, 1.0, 1.0])
+    item_load = (per_expert[expert] / 2)[None, :, None]
+    held = np.zeros((1, 4, 6), dtype=bool)
+    held[0, np.arange(12) // 3, expert] = True
+    start = np.arange(12).reshape(1, 4, 3)
+    for budget in (0, 2, 8):
+        order = pair_refine(
+            item_load,
+            expert[None],
+            6,
+            Bins(4, 3, np.array([0, 0, 1, 1])),
+            start,
+            swaps=np.full(1, budget),
+            held=held,
+        )
+        out = np.take_along_axis(expert[None], order.reshape(1, -1), axis=1).reshape(4, 3)
+        assert all(len(set(gpu)) == 3 for gpu in out.tolist()), out
+        assert gpu_moves(expert[None], out.reshape(1, -1), 4) <= budget
