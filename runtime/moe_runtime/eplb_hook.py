@@ -37,7 +37,7 @@ from moe_runtime import exchange
 
 log = logging.getLogger("moe_runtime.eplb_hook")
 
-Source = Literal["operator", "planner", "original"]
+Source = exchange.DecisionSource
 EplbMode = Literal["operator", "engine", "static", "off"]
 
 ENV_MODE = "MOE_EPLB_MODE"
@@ -178,6 +178,7 @@ class HookState:
     settings: HookSettings
     decisions: Counter[str] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
+    windows: Counter[str] = field(default_factory=Counter)  # by exchange.WINDOW_SAMPLES
     started_at: float = field(default_factory=time.time)
     last_window_end: float | None = None
     last: dict[str, Any] = field(default_factory=dict)
@@ -206,7 +207,7 @@ class HookState:
             out.append(self._files[path])
         return out
 
-    def error(self, stage: str, exc: BaseException | str) -> None:
+    def error(self, stage: exchange.ErrorStage, exc: BaseException | str) -> None:
         self.errors[stage] += 1
         log.warning("moe-runtime EPLB plugin: %s failed: %s", stage, exc)
 
@@ -239,12 +240,15 @@ def sample_positions(
     return order[pick]
 
 
-def steps_from_buffer(buffer: npt.ArrayLike, next_index: int | None) -> exchange.StepArray | None:
-    """The step samples of a [passes, L, E] recorder buffer (see ``sample_positions``)."""
+def steps_from_buffer(
+    buffer: npt.ArrayLike, next_index: int | None, routed: npt.ArrayLike | None = None
+) -> exchange.StepArray | None:
+    """The step samples of a [passes, L, E] recorder buffer (see ``sample_positions``);
+    ``routed``: its ``exchange.routed_passes``, when the caller has them already."""
     arr = np.asarray(buffer)
     if arr.ndim != 3 or arr.shape[0] == 0:
         return None
-    rows = sample_positions(arr.reshape(arr.shape[0], -1).max(axis=1) > 0, next_index)
+    rows = sample_positions(exchange.routed_passes(arr) if routed is None else routed, next_index)
     return None if rows is None else np.asarray(arr[rows], dtype=np.int32)
 
 
@@ -253,8 +257,27 @@ def window_from_buffer(buffer: npt.ArrayLike) -> tuple[IntArray, int]:
     arr = np.asarray(buffer)
     if arr.ndim == 2:
         return arr.astype(np.int64), 1
-    passes = int(np.count_nonzero(arr.reshape(arr.shape[0], -1).max(axis=1) > 0))  # counts are >= 0
-    return arr.sum(axis=0, dtype=np.int64), passes
+    return arr.sum(axis=0, dtype=np.int64), int(np.count_nonzero(exchange.routed_passes(arr)))
+
+
+def window_with_steps(
+    buffer: npt.ArrayLike, next_index: int | None
+) -> tuple[IntArray, int, exchange.StepArray | None]:
+    """``window_from_buffer`` and ``steps_from_buffer`` of one [passes, L, E] buffer, its passes read once."""
+    arr = np.asarray(buffer)
+    if arr.ndim != 3:
+        counts, passes = window_from_buffer(arr)
+        return counts, passes, None
+    routed = exchange.routed_passes(arr)
+    steps = steps_from_buffer(arr, next_index, routed)
+    return arr.sum(axis=0, dtype=np.int64), int(np.count_nonzero(routed)), steps
+
+
+def window_samples(passes: int, steps: exchange.StepArray | None) -> exchange.WindowSamples:
+    """Which of exchange.WINDOW_SAMPLES a window with these passes and samples counts as."""
+    if steps is not None and len(steps):
+        return "present"
+    return "missing" if passes > 0 else "idle"
 
 
 def export_window(
@@ -269,6 +292,7 @@ def export_window(
     now = time.time()
     started = state.last_window_end if state.last_window_end is not None else state.started_at
     state.last_window_end = now
+    state.windows[window_samples(passes, steps)] += 1
     record = exchange.WindowRecord(
         counts=np.array(counts, dtype=np.int64),  # a copy: the caller may reuse its buffer
         passes=passes,
@@ -419,6 +443,7 @@ def status_doc(state: HookState) -> dict[str, Any]:
         "started_at": state.started_at,
         "decisions": dict(state.decisions),
         "errors": dict(state.errors),
+        "windows": dict(state.windows),
         "last": dict(state.last),
         "dropped_writes": state.writer.dropped if state.writer else 0,
     }
@@ -430,8 +455,7 @@ def write_status(state: HookState, doc: dict[str, Any] | None = None) -> None:
             exchange.plugin_status_path(state.settings.state_dir), doc or status_doc(state)
         )
     except Exception as exc:
-        state.errors["status"] += 1
-        log.warning("moe-runtime EPLB plugin: cannot write status: %s", exc)
+        state.error("status", f"cannot write status: {exc}")
 
 
 def rebalance_single_process(

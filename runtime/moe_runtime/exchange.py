@@ -19,12 +19,13 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +38,27 @@ STATE_DIR_ENV = "MOE_RUNTIME_STATE_DIR"
 DEFAULT_STATE_DIR = "/tmp/moe-runtime"
 StepArray = npt.NDArray[np.int32]  # single passes' counts [k, L, E]
 SPOOL_LIMIT = 32  # pending windows kept when nobody consumes them
+
+# plugin-status.json's counters, which the sidecar re-exports. Where the plugin failed (typed, so
+# every stage it counts is one the sidecar exports):
+ErrorStage = Literal["window", "steps", "export", "placement", "planner", "decide", "broadcast", "status"]
+ERROR_STAGES: tuple[ErrorStage, ...] = get_args(ErrorStage)
+# Where the map the engine applied came from (the plugin's decisions):
+DecisionSource = Literal["operator", "planner", "original"]
+DECISION_SOURCES: tuple[DecisionSource, ...] = get_args(DecisionSource)
+# Exported windows by their step samples: "present"; "missing" (passes routed tokens, but their
+# time order was unknown or unreadable, so the operator plans this instance on sums); "idle" (none did).
+WindowSamples = Literal["present", "missing", "idle"]
+WINDOW_SAMPLES: tuple[WindowSamples, ...] = get_args(WindowSamples)
+
+
+def routed_passes(buffer: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+    """Which passes of a [passes, L, E] count buffer routed tokens: counts are >= 0, so those
+    whose largest count is positive (an idle pass leaves its row zero)."""
+    arr = np.asarray(buffer)
+    rows = arr.reshape(arr.shape[0], int(np.prod(arr.shape[1:])))  # not -1: a buffer may be empty
+    out: npt.NDArray[np.bool_] = rows.max(axis=1, initial=0) > 0
+    return out
 
 
 def state_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -76,11 +98,92 @@ def atomic_write_json(path: Path, doc: Any) -> None:
     atomic_write_bytes(path, json.dumps(doc, separators=(",", ":")).encode())
 
 
+STATUS_MAX_BYTES = 64 * 1024  # the plugin writes under 2 KiB
+_COUNT_MAX = 2**53  # counters past this are not exact as floats
+
+
+def read_plugin_status(path: Path) -> dict[str, Any] | None:
+    """plugin-status.json as a reader may trust it; None when absent, larger than
+    STATUS_MAX_BYTES, unreadable, or not as the plugin writes it (``plugin_status_of``)."""
+    try:
+        with path.open("rb") as f:
+            raw = f.read(STATUS_MAX_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > STATUS_MAX_BYTES:
+        return None
+    try:
+        doc = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
+        return None
+    return plugin_status_of(doc)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def plugin_status_of(doc: Any) -> dict[str, Any] | None:
+    """The known fields of a plugin status document, checked; None when any is malformed.
+
+    It is written by the engine process in a tenant's pod, so it is input like any other from
+    there. A malformed document is refused whole and the reader keeps the one it had: reading
+    one bad counter as 0 and then the good value again would look to Prometheus like a counter
+    reset, and ``increase()`` would count the whole value twice."""
+    if not isinstance(doc, dict):
+        return None
+    out: dict[str, Any] = {}
+    for group, names in (
+        ("decisions", DECISION_SOURCES),
+        ("errors", ERROR_STAGES),
+        ("windows", WINDOW_SAMPLES),
+    ):
+        table = doc.get(group, {})
+        if not isinstance(table, dict) or not all(_is_count(table.get(n, 0)) for n in names):
+            return None
+        out[group] = {n: int(table[n]) for n in names if n in table}
+    last = doc.get("last", {})
+    if not isinstance(last, dict):
+        return None
+    kept: dict[str, Any] = {}
+    for key in ("at", "hook_seconds", "planner_seconds"):
+        value = last.get(key)
+        if value is not None and not _is_seconds(value):
+            return None
+        kept[key] = value
+    source, version, reason = last.get("source"), last.get("version"), last.get("reason")
+    if source is not None and source not in DECISION_SOURCES:
+        return None
+    if version is not None and not _is_count(version):
+        return None
+    if reason is not None and not isinstance(reason, str):
+        return None
+    kept.update(source=source, version=version, reason=None if reason is None else reason[:500])
+    out["last"] = {k: v for k, v in kept.items() if v is not None}
+    for key, check in (("pid", _is_count), ("dropped_writes", _is_count), ("started_at", _is_seconds)):
+        if key in doc:
+            if not check(doc[key]):
+                return None
+            out[key] = doc[key]
+    return out
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _COUNT_MAX
+
+
+def _is_seconds(value: Any) -> bool:
+    """A finite non-negative number (a duration or a Unix time); huge ints too large for a float are not."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return _is_count(value) if isinstance(value, int) else math.isfinite(value) and value >= 0
+
+
 def read_json(path: Path) -> Any | None:
     """The document, or None when absent or unreadable (a reader never raises on I/O)."""
     try:
         return json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 

@@ -175,9 +175,7 @@ def _dump_of(obj: Any) -> Dump:
 def window(dump: Dump) -> tuple[IntArray, int]:
     """Counts [layers, experts] summed over the buffer, and the passes (rows) that routed tokens."""
     counts = dump.logical_count
-    rows = counts.reshape(counts.shape[0], counts.shape[1] * counts.shape[2])
-    passes = int(np.count_nonzero(rows.max(axis=1, initial=0) > 0))
-    return counts.sum(axis=0, dtype=np.int64), passes
+    return counts.sum(axis=0, dtype=np.int64), int(np.count_nonzero(exchange.routed_passes(counts)))
 
 
 def take_dumps(directory: Path) -> list[Path]:

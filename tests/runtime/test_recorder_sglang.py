@@ -121,6 +121,8 @@ def test_the_plugin_samples_passes_from_the_real_ring_oldest_first(tmp_path: Pat
     np.testing.assert_array_equal(window.counts, np.sum([expected[p] for p in newest], axis=0))
     assert window.passes == 5 and window.steps is not None
     np.testing.assert_array_equal(window.steps, [expected[p] for p in newest])
+    status = json.loads(exchange.plugin_status_path(tmp_path / "state").read_text())
+    assert status["windows"] == {"present": 1}  # what moe_runtime_plugin_windows_total re-exports
 
 
 def test_the_replay_engines_dump_is_what_torch_load_reads(tmp_path: Path) -> None:

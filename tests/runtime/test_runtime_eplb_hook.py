@@ -257,3 +257,31 @@ def test_settings_from_env(tmp_path: Path) -> None:
         "dynamic",
         False,
     )
+
+
+def test_exported_windows_are_counted_by_their_step_samples(tmp_path: Path) -> None:
+    """A window that routed tokens but went out without samples is what the sidecar's
+    moe_runtime_plugin_windows_total{step_samples="missing"} (and MoEStepSamplesMissing) counts."""
+    st = state(tmp_path)
+    steps = np.ones((2, 3, 8), dtype=np.int32)
+    eplb_hook.export_window(st, counts(), 5, SHAPE, steps)
+    eplb_hook.export_window(st, counts(), 5, SHAPE, None)  # ring order unreadable
+    eplb_hook.export_window(st, np.zeros((3, 8), dtype=np.int64), 0, SHAPE, None)  # no traffic
+    eplb_hook.export_window(st, counts(), 5, SHAPE, steps[:0])  # no row taken
+    st.flush()
+    assert eplb_hook.status_doc(st)["windows"] == {"present": 1, "missing": 2, "idle": 1}
+
+
+def test_window_with_steps_reads_the_buffer_as_the_two_calls_do() -> None:
+    rng = np.random.default_rng(7)
+    buf = rng.integers(0, 4, size=(9, 3, 8)).astype(np.int32)
+    buf[[2, 5]] = 0  # idle passes
+    total, passes, steps = eplb_hook.window_with_steps(buf, 4)
+    assert passes == eplb_hook.window_from_buffer(buf)[1] == 7
+    np.testing.assert_array_equal(total, buf.sum(axis=0))
+    expected = eplb_hook.steps_from_buffer(buf, 4)
+    assert steps is not None and expected is not None
+    np.testing.assert_array_equal(steps, expected)
+    np.testing.assert_array_equal(steps, buf[[4, 6, 7, 8, 0, 1, 3]])  # the ring from row 4, idle rows out
+    empty = eplb_hook.window_with_steps(np.zeros((0, 3, 8), dtype=np.int32), 0)
+    assert empty[1] == 0 and empty[2] is None

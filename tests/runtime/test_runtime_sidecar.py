@@ -220,7 +220,12 @@ def test_windows_from_the_plugin_spool(tmp_path: Path) -> None:
             )
             exchange.atomic_write_json(
                 exchange.plugin_status_path(base),
-                {"decisions": {"operator": 1}, "errors": {"planner": 2}, "last": {"hook_seconds": 0.002}},
+                {
+                    "decisions": {"operator": 1},
+                    "errors": {"planner": 2, "steps": 1},
+                    "windows": {"present": 3, "missing": 1},
+                    "last": {"hook_seconds": 0.002},
+                },
             )
 
             async def applied() -> bool:
@@ -229,6 +234,9 @@ def test_windows_from_the_plugin_spool(tmp_path: Path) -> None:
             await until(applied)
             metrics = await c.scrape()
             assert 'moe_runtime_plugin_errors_total{stage="planner"} 2.0' in metrics
+            assert 'moe_runtime_plugin_errors_total{stage="steps"} 1.0' in metrics
+            assert 'moe_runtime_plugin_windows_total{step_samples="missing"} 1.0' in metrics
+            assert 'moe_runtime_plugin_windows_total{step_samples="idle"} 0.0' in metrics
             assert 'moe_runtime_plugin_decisions_total{source="operator"} 1.0' in metrics
             assert "moe_runtime_plugin_hook_seconds 0.002" in metrics
             # GPU loads 35, 25, 30, 10 (x3): copies on GPUs 0, 2, 3 serve ranks 0+1, 2, 3
@@ -519,10 +527,98 @@ def test_static_mode_takes_windows_from_the_recorder(tmp_path: Path) -> None:
                     return (await c.probes.get("/readyz")).status_code == 503
 
                 await until(unready)
+                await asyncio.sleep(1.0)  # a dump begun before the engine turned unready finishes
                 calls = len(fake.calls)
-                await asyncio.sleep(0.3)
+                await asyncio.sleep(0.5)
                 assert len(fake.calls) == calls
         finally:
             await runner.cleanup()
 
     asyncio.run(run())
+
+
+def test_a_malformed_plugin_status_reads_as_zeros_and_the_scrape_still_works(tmp_path: Path) -> None:
+    """plugin-status.json is written in the engine container; nothing in it may fail /metrics."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from moe_runtime.sidecar.metrics import RuntimeMetrics
+    from moe_runtime.sidecar.state import SidecarState
+
+    state = SidecarState(tmp_path)
+    metrics = RuntimeMetrics(state, CollectorRegistry())
+    state.plugin_status = {
+        "errors": "many",
+        "decisions": {"operator": "3", "planner": float("nan"), "original": True},
+        "windows": {"present": -4, "missing": 2},
+        "last": [0.1],
+    }
+    text = generate_latest(metrics.registry).decode()
+    assert 'moe_runtime_plugin_errors_total{stage="steps"} 0.0' in text
+    assert 'moe_runtime_plugin_decisions_total{source="operator"} 0.0' in text
+    assert 'moe_runtime_plugin_decisions_total{source="planner"} 0.0' in text
+    assert 'moe_runtime_plugin_windows_total{step_samples="present"} 0.0' in text
+    assert 'moe_runtime_plugin_windows_total{step_samples="missing"} 2.0' in text
+    assert "moe_runtime_plugin_hook_seconds 0.0" in text
+
+
+def test_the_plugins_own_status_document_is_read_back_as_written(tmp_path: Path) -> None:
+    from moe_runtime import eplb_hook
+
+    st = eplb_hook.HookState(eplb_hook.HookSettings(state_dir=tmp_path))
+    st.decisions.update(operator=3, original=1)
+    st.errors.update(steps=2)
+    st.windows.update(present=5, idle=1)
+    st.last = {"source": "operator", "version": 7, "reason": "operator placement v7", "at": time.time(),
+               "hook_seconds": 0.002, "planner_seconds": 0.0}  # fmt: skip
+    eplb_hook.write_status(st)
+    doc = exchange.read_plugin_status(exchange.plugin_status_path(tmp_path))
+    assert doc is not None
+    assert doc["decisions"] == {"operator": 3, "original": 1} and doc["errors"] == {"steps": 2}
+    assert doc["windows"] == {"present": 5, "idle": 1} and doc["last"] == st.last
+    assert doc["pid"] > 0 and doc["dropped_writes"] == 0
+
+
+HOSTILE_STATUS = {
+    "an int past float's range": '{"windows": {"missing": ' + "9" * 401 + "}}",
+    "NaN": '{"errors": {"planner": NaN}}',
+    "Infinity in last": '{"last": {"hook_seconds": Infinity}}',
+    "a string count": '{"decisions": {"operator": "3"}}',
+    "a boolean count": '{"decisions": {"operator": true}}',
+    "a negative count": '{"windows": {"present": -1}}',
+    "a fraction as count": '{"errors": {"steps": 1.5}}',
+    "a list as group": '{"errors": [1]}',
+    "an unknown source": '{"last": {"source": "attacker"}}',
+    "a list at the top": "[1, 2]",
+    "deep nesting": "[" * 100_000 + "]" * 100_000,
+    "not JSON": "{not json",
+    "past the size cap": '{"last": {"reason": "' + "x" * exchange.STATUS_MAX_BYTES + '"}}',
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_STATUS))
+def test_a_malformed_plugin_status_is_refused_and_the_last_good_one_kept(tmp_path: Path, case: str) -> None:
+    """plugin-status.json comes from the engine container: a version not as the plugin writes it
+    is refused whole and counted, /metrics keeps the counters it had (none reads 0 for a while,
+    which Prometheus would take for a reset), and windows are still ingested."""
+
+    async def run() -> None:
+        async with sidecar(tmp_path) as (_sc, c):
+            path = exchange.plugin_status_path(tmp_path / "state")
+            exchange.atomic_write_json(path, {"decisions": {"operator": 4}, "windows": {"missing": 2}})
+            await scraped(c, "moe_runtime_plugin_decisions_total", 4, source="operator")
+            path.write_text(HOSTILE_STATUS[case])
+            await scraped(c, "moe_runtime_sidecar_errors_total", 1, stage="plugin-status")
+            text = await c.scrape()
+            assert metric(text, "moe_runtime_plugin_decisions_total", source="operator") == 4
+            assert metric(text, "moe_runtime_plugin_windows_total", step_samples="missing") == 2
+            assert (await c.api.get("/v1/status")).json()["plugin"]["decisions"] == {"operator": 4}
+            exchange.write_window(
+                tmp_path / "state", exchange.WindowRecord(np.ones((3, 8), np.int64), 1, 0.0, 1.0)
+            )
+            await until(lambda: _has_windows(c))
+
+    asyncio.run(run())
+
+
+async def _has_windows(c: Clients) -> bool:
+    return bool((await c.api.get("/v1/windows")).json()["windows"])

@@ -138,6 +138,8 @@ def alerts(t: Thresholds | None = None, scope: Scope | None = None) -> dict[str,
     bal, window, age = _num(t.min_balancedness), t.load_window, _duration(t.placement_max_age_s)
     refused = s("moe_runtime_placement_pushes_total", 'result=~"rejected|unauthorized"')
     degraded = s("moe_operator_condition", 'type="Degraded"')
+    unsampled = s("moe_runtime_plugin_windows_total", 'step_samples="missing"')
+    sampled = s("moe_runtime_plugin_windows_total", 'step_samples="present"')
     waiting = s("moe_operator_condition", 'type="Progressing"', 'reason="WaitingForCapacity"')
     return {
         "moe-operator.expert-balance": [
@@ -176,6 +178,19 @@ def alerts(t: Thresholds | None = None, scope: Scope | None = None) -> dict[str,
                 f"The pool finishes requests but its runtimes received no load window in {window}: "
                 "expert placement runs blind.",
                 f"no load window in {window} while the pool finishes requests",
+            ),
+            Alert(
+                "MoEStepSamplesMissing",
+                f"(sum by ({POOL}) (increase({unsampled}[1h])) > 0)\n"
+                f"unless on ({POOL})\n"
+                f"(sum by ({POOL}) (increase({sampled}[1h])) > 0)\n",
+                "30m",
+                "warning",
+                f"Expert-load windows of {where} carry no step samples",
+                'The pool\'s EPLB plugins exported {{ $value | printf "%.0f" }} windows with traffic in 1h '
+                "and none with step samples: the engines' recorder ring could not be read in time order, "
+                "so the operator plans these instances on window sums (less balance, most on prefill).",
+                "windows with traffic but none with step samples in 1h",
             ),
             Alert(
                 "MoERuntimeMetricsAbsent",

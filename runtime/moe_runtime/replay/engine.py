@@ -120,8 +120,7 @@ class StandInRecorder:
         """dump_record(output_mode="object"), as the EPLB manager calls it: the window, then reset;
         and the step samples the plugin reads from it with the ring's write index."""
         with self._lock:
-            counts, passes = eplb_hook.window_from_buffer(self.buffer)
-            steps = eplb_hook.steps_from_buffer(self.buffer, self.index)
+            counts, passes, steps = eplb_hook.window_with_steps(self.buffer, self.index)
             self._reset()
         return counts, passes, steps
 

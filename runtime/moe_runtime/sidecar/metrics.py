@@ -7,6 +7,7 @@ plugin-status.json and a collector that re-exposes them as counters.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from moe_runtime import exchange
 from moe_runtime.sidecar.state import Evaluation, SidecarState, Window
 
 P = "moe_runtime_"
@@ -156,26 +158,48 @@ class _DynamicCollector(Collector):
             "EPLB plugin errors by stage (counted in the engine process).",
             labels=["stage"],
         )
-        for stage in ("window", "export", "placement", "planner", "decide", "broadcast", "status"):
-            errors.add_metric([stage], float(status.get("errors", {}).get(stage, 0)))
+        for stage in exchange.ERROR_STAGES:
+            errors.add_metric([stage], _number(status, "errors", stage))
         yield errors
+        windows = CounterMetricFamily(
+            P + "plugin_windows",
+            "Windows the EPLB plugin exported, by their step samples (missing: passes routed tokens "
+            "but their order was unreadable, so the operator plans this instance on window sums).",
+            labels=["step_samples"],
+        )
+        for kind in exchange.WINDOW_SAMPLES:
+            windows.add_metric([kind], _number(status, "windows", kind))
+        yield windows
         decisions = CounterMetricFamily(
             P + "plugin_decisions", "EPLB plugin decisions by source of the map.", labels=["source"]
         )
-        for name in ("operator", "planner", "original"):
-            decisions.add_metric([name], float(status.get("decisions", {}).get(name, 0)))
+        for name in exchange.DECISION_SOURCES:
+            decisions.add_metric([name], _number(status, "decisions", name))
         yield decisions
-        last = status.get("last") or {}
         yield GaugeMetricFamily(
             P + "plugin_hook_seconds",
             "Last rebalance hook's own time (planner and SGLang's algorithm excluded).",
-            value=float(last.get("hook_seconds", 0.0)),
+            value=_number(status, "last", "hook_seconds"),
         )
         yield GaugeMetricFamily(
             P + "plugin_planner_seconds",
             "Last planner run inside the hook.",
-            value=float(last.get("planner_seconds", 0.0)),
+            value=_number(status, "last", "planner_seconds"),
         )
+
+
+def _number(status: dict[str, Any], group: str, key: str) -> float:
+    """One count or duration of plugin-status.json; 0 where the file holds none there (a
+    malformed file must not fail the whole scrape)."""
+    table = status.get(group)
+    value = table.get(key, 0) if isinstance(table, dict) else 0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        return 0.0
+    return number if math.isfinite(number) and number >= 0 else 0.0
 
 
 class _EvaluationCollector(Collector):

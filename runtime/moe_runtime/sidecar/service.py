@@ -163,12 +163,22 @@ class Sidecar:
 
     def poll_once(self) -> int:
         """Ingest spooled windows and plugin files; returns the number of windows taken."""
-        try:
+        refused = self.state.status_refused
+        try:  # apart from the windows: a bad plugin file must not hold up the spool
             if self.state.refresh_plugin_files() and self.state.windows:
                 # the placement changed: re-score it on the latest traffic
                 ev = self.state.evaluate(self.state.windows[-1].record.counts)
                 if ev is not None:
                     self.metrics.observe_evaluation(ev)
+        except Exception as exc:
+            self.metrics.errors.labels("plugin-files").inc()
+            log.warning("reading the plugin's files failed: %s", exc)
+        if self.state.status_refused > refused:
+            self.metrics.errors.labels("plugin-status").inc()
+            log.warning(
+                "plugin-status.json refused: not as the plugin writes it (kept the status read before)"
+            )
+        try:
             records = exchange.take_windows(self.opts.state_dir)
             self.ingest(records)
             return len(records)

@@ -130,6 +130,8 @@ class SidecarState:
     _shares: FloatArray | None = None
     _trivial: IntArray | None = None
     _applied_key: tuple[int, int] | None = None
+    _status_key: tuple[int, int] | None = None
+    status_refused: int = 0  # versions of plugin-status.json refused (exchange.plugin_status_of)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -264,9 +266,7 @@ class SidecarState:
 
     def refresh_plugin_files(self) -> bool:
         """Pick up applied.npz and plugin-status.json; True when the applied map changed."""
-        status = exchange.read_json(exchange.plugin_status_path(self.state_dir))
-        if isinstance(status, dict):
-            self.plugin_status = status
+        self._refresh_status()
         try:
             st = exchange.applied_path(self.state_dir).stat()
         except OSError:
@@ -289,6 +289,24 @@ class SidecarState:
             arr,
         )
         return True
+
+    def _refresh_status(self) -> None:
+        """plugin-status.json, parsed only when it changed; a refused version leaves the
+        status read before it in place (and is counted)."""
+        path = exchange.plugin_status_path(self.state_dir)
+        try:
+            st = path.stat()
+        except OSError:
+            return
+        key = (st.st_mtime_ns, st.st_size)
+        if key == self._status_key:
+            return
+        self._status_key = key
+        status = exchange.read_plugin_status(path)
+        if status is None:
+            self.status_refused += 1
+        else:
+            self.plugin_status = status
 
     def set_initial(self, source: str, version: int | None, phy2log: IntArray) -> None:
         """The map the engine boots with (launcher's --init-expert-location)."""
