@@ -37,7 +37,7 @@ METRICS = 9402  # the runtime's metrics listener (no token, as Prometheus scrape
 
 def _held(ip: str) -> int | None:
     try:
-        v = httpx.get(f"http://{ip}:{SIDECAR}/v1/placement", timeout=2).json().get("version")
+        v = httpx.get(f"http://{ip}:{SIDECAR}/v1/placement", timeout=10).json().get("version")
     except (httpx.HTTPError, ValueError):
         return None
     return int(v) if v is not None else None

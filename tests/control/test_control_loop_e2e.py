@@ -29,7 +29,7 @@ REFRESH_S = 10
 
 def runtime_balancedness(ip: str) -> float | None:
     try:
-        text = httpx.get(f"http://{ip}:9402/metrics", timeout=2).text
+        text = httpx.get(f"http://{ip}:9402/metrics", timeout=10).text
     except httpx.HTTPError:
         return None
     m = re.search(r"^moe_runtime_balancedness ([0-9.e+-]+)$", text, re.M)
@@ -39,7 +39,7 @@ def runtime_balancedness(ip: str) -> float | None:
 def held(ip: str) -> dict[str, Any]:
     """What the runtime holds (GET /v1/placement; the replay engine leaves reads open)."""
     try:
-        body: dict[str, Any] = httpx.get(f"http://{ip}:9400/v1/placement", timeout=2).json()
+        body: dict[str, Any] = httpx.get(f"http://{ip}:9400/v1/placement", timeout=10).json()
     except (httpx.HTTPError, ValueError):
         return {}
     return body

@@ -59,7 +59,7 @@ def pod_ready(p: dict[str, Any]) -> bool:
 
 def scrape(ip: str, name: str) -> float | None:
     try:
-        text = httpx.get(f"http://{ip}:9402/metrics", timeout=2).text
+        text = httpx.get(f"http://{ip}:9402/metrics", timeout=10).text
     except httpx.HTTPError:
         return None
     m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)

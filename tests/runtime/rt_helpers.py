@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from local_ports import free_port as free_port  # re-exported: the runtime tests import it from here
+from local_ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -32,10 +36,90 @@ def require_sglang() -> None:
             )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@dataclass
+class Server:
+    """A server process of a test, its ports, and everything it printed (drained as it runs, so
+    a chatty process never blocks on a full pipe)."""
+
+    proc: subprocess.Popen[str]
+    ports: list[int]
+    lines: list[str] = field(default_factory=list)
+
+    def output(self, tail: int = 4000) -> str:
+        return "".join(self.lines)[-tail:]
+
+    def stop(self, timeout: float = 20) -> int:
+        """SIGTERM, then SIGKILL after ``timeout``; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return int(self.proc.returncode)
+
+
+def _drain(server: Server) -> None:
+    assert server.proc.stdout is not None
+    for line in server.proc.stdout:
+        server.lines.append(line)
+
+
+def start_server(
+    command: Callable[[list[int]], list[str]],
+    ports: int,
+    ready: Callable[[list[int]], Any],
+    timeout: float = 30.0,
+    attempts: int = 3,
+) -> Server:
+    """Start ``command(ports)`` on ``ports`` fresh ports and wait until ``ready(ports)``.
+
+    A port picked free can be taken by someone else (an outgoing connection of the sandbox's
+    components) before the server binds it; a server that exits saying so is started again on
+    other ports. Any other exit, or no readiness in ``timeout``, fails with what it printed."""
+    for attempt in range(attempts):
+        picked = free_ports(ports)
+        argv = command(picked)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
+        server = Server(proc, picked)
+        drain = threading.Thread(target=_drain, args=(server,), daemon=True)
+        drain.start()
+        up, exited = False, None
+        try:
+            up = _wait_ready(server, ready, timeout)
+            exited = proc.poll()  # None: still running, not ready in time
+        finally:
+            if not up:
+                server.stop()
+                drain.join(timeout=5)
+        if up:
+            return server
+        if (
+            exited is not None
+            and "address already in use" in server.output().lower()
+            and attempt + 1 < attempts
+        ):
+            continue
+        what = f"exited with {exited}" if exited is not None else f"was not ready in {timeout:.0f} s"
+        raise AssertionError(f"{' '.join(argv[:4])} ... {what}; it printed:\n{server.output()}")
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _wait_ready(server: Server, ready: Callable[[list[int]], Any], timeout: float) -> bool:
+    """Until ``ready`` answers or the process exits (tests run one at a time, so no other
+    server of ours answers on a picked port meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and server.proc.poll() is None:
+        try:
+            if ready(server.ports):
+                return True
+        except Exception:  # connection refused while starting, ...
+            pass
+        time.sleep(0.05)
+    return False
 
 
 def wait_for(

@@ -11,8 +11,6 @@ samples, and the roles must export what SGLang's do: TTFT (with is_streaming) an
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from rt_helpers import REPO, free_port, runtime_cmd, wait_for
+from rt_helpers import REPO, runtime_cmd, start_server, wait_for
 
 sys.path.insert(0, str(REPO / "tests" / "policies"))
 from sglang_series import catalog, family_of
@@ -55,16 +53,19 @@ def exposition(
     name = request.param
     role, ep, dp, _ = CASES[name]
     tmp = tmp_path_factory.mktemp(name)
-    http, sidecar = free_port(), free_port()
-    (tmp / "engine.json").write_text(json.dumps(engine_config(role, ep, dp, http, sidecar)))
-    proc = subprocess.Popen(
-        runtime_cmd("replay", "--engine-config", str(tmp / "engine.json"), "--state-dir", str(tmp / "s"),
-                    "--probe-port", str(free_port()), "--metrics-port", str(free_port()),
-                    "--pass-interval", "0.005", "--request-rate", "20", "--planner", "off"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+
+    def command(ports: list[int]) -> list[str]:
+        http, sidecar, probes, scrape = ports
+        (tmp / "engine.json").write_text(json.dumps(engine_config(role, ep, dp, http, sidecar)))
+        return runtime_cmd("replay", "--engine-config", str(tmp / "engine.json"), "--state-dir", str(tmp / "s"),
+                           "--probe-port", str(probes), "--metrics-port", str(scrape),
+                           "--pass-interval", "0.005", "--request-rate", "20", "--planner", "off")  # fmt: skip
+
+    server = start_server(
+        command, 4, lambda p: httpx.get(f"http://127.0.0.1:{p[2]}/healthz").status_code == 200
+    )
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{http}", timeout=10) as engine:
+        with httpx.Client(base_url=f"http://127.0.0.1:{server.ports[0]}", timeout=10) as engine:
 
             def finished() -> str | None:
                 text = engine.get("/metrics").text
@@ -75,8 +76,7 @@ def exposition(
                 wait_for(lambda: 'is_streaming="false",le=' in engine.get("/metrics").text, timeout=30)
             yield name, engine.get("/metrics").text
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)
+        server.stop()
 
 
 def samples(text: str) -> list[tuple[str, str, dict[str, str]]]:

@@ -14,14 +14,16 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from rt_helpers import FAKE_ENGINE, free_port, runtime_cmd, wait_for
+from rt_helpers import FAKE_ENGINE, free_ports, runtime_cmd, wait_for
 
 
 @dataclass
@@ -30,9 +32,25 @@ class Pod:
     probes: httpx.Client
     api: httpx.Client
     cfg: dict[str, Any]
+    lines: list[str] = field(default_factory=list)
+    drain: threading.Thread | None = None
 
     def ready(self) -> httpx.Response:
         return self.probes.get("/readyz")
+
+    def output(self) -> str:
+        """What the runtime and the engine printed so far (drained as it comes, so a chatty
+        pod never blocks on a full pipe)."""
+        return "".join(self.lines)
+
+    def wait(self, predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+        """``wait_for``, failing with what the pod printed and its exit status."""
+        try:
+            return wait_for(predicate, timeout=timeout, what=what)
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}\nexit status: {self.proc.poll()}\npod output:\n{self.output()[-6000:]}"
+            ) from None
 
     def close(self) -> None:
         self.probes.close()
@@ -40,7 +58,7 @@ class Pod:
 
 
 def start(tmp: Path, engine_env: dict[str, str], **cfg_over: Any) -> Pod:
-    http, sidecar, probes, scrape = (free_port() for _ in range(4))
+    http, sidecar, probes, scrape = free_ports(4)
     cfg = {
         "modelPath": "/models/fake",
         "role": "decode",
@@ -76,7 +94,7 @@ def start(tmp: Path, engine_env: dict[str, str], **cfg_over: Any) -> Pod:
     proc = subprocess.Popen(
         runtime_cmd("launch"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    return Pod(
+    pod = Pod(
         proc,
         httpx.Client(base_url=f"http://127.0.0.1:{probes}", timeout=5),
         httpx.Client(
@@ -84,17 +102,29 @@ def start(tmp: Path, engine_env: dict[str, str], **cfg_over: Any) -> Pod:
         ),
         cfg,
     )
+    pod.drain = threading.Thread(target=_drain, args=(pod,), daemon=True)
+    pod.drain.start()
+    return pod
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
-    out, _ = proc.communicate(timeout=timeout)
-    return proc.returncode, out
+def _drain(pod: Pod) -> None:
+    assert pod.proc.stdout is not None
+    for line in pod.proc.stdout:
+        pod.lines.append(line)
+
+
+def finish(pod: Pod, timeout: float = 30) -> tuple[int, str]:
+    """The pod's exit status and everything it printed."""
+    code = pod.proc.wait(timeout=timeout)
+    if pod.drain is not None:
+        pod.drain.join(timeout=5)
+    return code, pod.output()
 
 
 def test_sigterm_drains_then_stops_the_engine_and_propagates_its_status(tmp_path: Path) -> None:
-    pod = start(tmp_path, {"FAKE_EXIT_CODE": "7"})
+    pod = start(tmp_path, {"FAKE_EXIT_CODE": "7"}, drainSeconds=3)  # room for the checks inside the drain
     try:
-        r = wait_for(lambda: pod.ready().status_code == 200 and pod.ready(), what="engine ready via sidecar")
+        r = pod.wait(lambda: (r := pod.ready()).status_code == 200 and r, what="engine ready via sidecar")
         assert r.json()["reason"] == "engine ready"
         rec = json.loads((tmp_path / "record.json").read_text())
         argv = rec["argv"]
@@ -105,10 +135,10 @@ def test_sigterm_drains_then_stops_the_engine_and_propagates_its_status(tmp_path
         assert rec["env"]["SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR"].startswith(str(tmp_path / "state"))
         pod.proc.send_signal(signal.SIGTERM)
         # drain: not ready before the engine hears about it
-        r = wait_for(lambda: pod.ready().status_code == 503 and pod.ready(), timeout=5, what="not ready")
+        r = pod.wait(lambda: (r := pod.ready()).status_code == 503 and r, timeout=5, what="not ready")
         assert r.json()["reason"] == "draining"
         assert not (tmp_path / "terminated").exists()
-        code, out = finish(pod.proc)
+        code, out = finish(pod)
         assert code == 7, out
         assert (tmp_path / "terminated").exists()
     finally:
@@ -120,9 +150,9 @@ def test_sigterm_drains_then_stops_the_engine_and_propagates_its_status(tmp_path
 def test_engine_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
     pod = start(tmp_path, {"FAKE_IGNORE_TERM": "1"})
     try:
-        wait_for(lambda: pod.ready().status_code == 200, what="ready")
+        pod.wait(lambda: pod.ready().status_code == 200, what="ready")
         pod.proc.send_signal(signal.SIGTERM)
-        code, out = finish(pod.proc)
+        code, out = finish(pod)
         assert code == 128 + signal.SIGKILL, out  # SIGKILLed after drain + grace
         assert "ignored SIGTERM" in out
     finally:
@@ -134,7 +164,7 @@ def test_engine_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
 def test_engine_crash_ends_the_pod_with_its_status(tmp_path: Path) -> None:
     pod = start(tmp_path, {"FAKE_EXIT_AFTER": "1.5", "FAKE_EXIT_CODE": "3"})
     try:
-        code, out = finish(pod.proc)
+        code, out = finish(pod)
         assert code == 3, out
     finally:
         pod.close()
@@ -149,7 +179,7 @@ def test_launch_mounts_the_persisted_placement(tmp_path: Path) -> None:
     )
     pod = start(tmp_path, {})
     try:
-        wait_for(lambda: pod.ready().status_code == 200, what="ready")
+        pod.wait(lambda: pod.ready().status_code == 200, what="ready")
         argv = json.loads((tmp_path / "record.json").read_text())["argv"]
         init = Path(argv[argv.index("--init-expert-location") + 1])
         assert json.loads(init.read_text()) == {"physical_to_logical_map": m.tolist()}
@@ -157,7 +187,7 @@ def test_launch_mounts_the_persisted_placement(tmp_path: Path) -> None:
         assert st["placement"]["applied"]["source"] == "init" and st["placement"]["applied"]["version"] == 4
     finally:
         pod.proc.send_signal(signal.SIGTERM)
-        finish(pod.proc)
+        finish(pod)
         pod.close()
 
 
@@ -168,32 +198,30 @@ def test_worker_ranks_are_ready_when_their_placeholder_health_answers(tmp_path: 
     pod = start(
         tmp_path,
         {"MOE_RANK": "1", "MOE_LEADER_ADDRESS": "leader.example", "MOE_NNODES": "2",
-         "FAKE_READY_AFTER": "2", "FAKE_HANG_FILE": str(hang)},
+         "FAKE_READY_AFTER": "5", "FAKE_HANG_FILE": str(hang)},
         parallel={"nnodes": 2, "gpusPerNode": 8},
         eplb={"numRedundantExperts": 16},
     )  # fmt: skip
     try:
-        r = wait_for(
-            lambda: (
-                pod.ready().status_code == 503 and "/health" in pod.ready().json()["reason"] and pod.ready()
-            ),
+        r = pod.wait(
+            lambda: (r := pod.ready()).status_code == 503 and "/health" in r.json()["reason"] and r,
             what="not ready while its schedulers start (nothing listens yet)",
         )
-        r = wait_for(lambda: pod.ready().status_code == 200 and pod.ready(), what="ready")
+        r = pod.wait(lambda: (r := pod.ready()).status_code == 200 and r, what="ready")
         assert r.json()["reason"] == "engine ready"
         argv = json.loads((tmp_path / "record.json").read_text())["argv"]
         assert argv[argv.index("--node-rank") + 1] == "1"
         assert argv[argv.index("--dist-init-addr") + 1] == "leader.example:20102"
         hang.touch()  # the rank hangs: its health check times out
-        r = wait_for(lambda: pod.ready().status_code == 503 and pod.ready(), timeout=15, what="unready")
+        r = pod.wait(lambda: (r := pod.ready()).status_code == 503 and r, timeout=15, what="unready")
         assert "not answering" in r.json()["reason"]
         hang.unlink()
-        wait_for(lambda: pod.ready().status_code == 200, timeout=15, what="ready again")
+        pod.wait(lambda: pod.ready().status_code == 200, timeout=15, what="ready again")
         assert not (tmp_path / "calls").exists()  # a worker's sidecar never touches the recorder
     finally:
         hang.unlink(missing_ok=True)
         pod.proc.send_signal(signal.SIGTERM)
-        finish(pod.proc)
+        finish(pod)
         pod.close()
 
 
@@ -204,7 +232,7 @@ def test_static_mode_windows_come_from_recorder_dumps(tmp_path: Path) -> None:
         eplb={"mode": "static", "numRedundantExperts": 8},
     )
     try:
-        wait_for(lambda: pod.api.get("/v1/windows").json()["windows"], timeout=30, what="a window")
+        pod.wait(lambda: pod.api.get("/v1/windows").json()["windows"], timeout=30, what="a window")
         argv = json.loads((tmp_path / "record.json").read_text())["argv"]
         assert "--enable-eplb" not in argv
         assert argv[argv.index("--expert-distribution-recorder-mode") + 1] == "stat"
@@ -216,7 +244,7 @@ def test_static_mode_windows_come_from_recorder_dumps(tmp_path: Path) -> None:
         assert pod.api.get("/v1/status").json()["load_source"] == "recorder"
     finally:
         pod.proc.send_signal(signal.SIGTERM)
-        finish(pod.proc)
+        finish(pod)
         pod.close()
 
 
@@ -229,11 +257,11 @@ def test_online_modes_never_dump_the_recorder(tmp_path: Path, mode: str) -> None
         eplb={"mode": mode, "numRedundantExperts": 8},
     )
     try:
-        wait_for(lambda: pod.ready().status_code == 200, what="ready")
+        pod.wait(lambda: pod.ready().status_code == 200, what="ready")
         time.sleep(1.0)
         assert not (tmp_path / "calls").exists()
         assert pod.api.get("/v1/status").json()["load_source"] == "rebalance hook"
     finally:
         pod.proc.send_signal(signal.SIGTERM)
-        finish(pod.proc)
+        finish(pod)
         pod.close()

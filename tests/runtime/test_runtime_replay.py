@@ -4,9 +4,7 @@ placement pushed to it changes the measured balancedness of the replayed traffic
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from rt_helpers import free_port, metric, runtime_cmd, wait_for
+from rt_helpers import Server, metric, runtime_cmd, start_server, wait_for
 
 from moe_placement.maps import trivial_map
 from moe_runtime.replay.baseline import deepseek_global
@@ -32,7 +30,7 @@ class Replay:
     probes: httpx.Client
     sidecar_metrics: httpx.Client
     engine: httpx.Client  # the stand-in SGLang's HTTP port
-    proc: subprocess.Popen[str]
+    server: Server
 
     def get(self, path: str, **kw: Any) -> httpx.Response:
         return self.api.get(path, **kw)
@@ -40,47 +38,45 @@ class Replay:
 
 def start_replay(tmp_path: Path, *extra: str) -> Replay:
     (tmp_path / "token").write_text(TOKEN)
-    ports = [free_port() for _ in range(4)]
-    cmd = runtime_cmd(
-        "replay",
-        "--model", "tiny",
-        "--layers", str(LAYERS),
-        "--dense-layers", str(DENSE),
-        "--experts", str(EXPERTS),
-        "--gpus", str(GPUS),
-        "--gpus-per-node", "2",
-        "--redundant", str(REDUNDANT),
-        "--rebalance-iterations", "40",
-        "--pass-interval", "0.002",
-        "--port", str(ports[0]),
-        "--probe-port", str(ports[1]),
-        "--metrics-port", str(ports[2]),
-        "--engine-port", str(ports[3]),
-        "--state-dir", str(tmp_path / "state"),
-        "--token-file", str(tmp_path / "token"),
-        "--poll-interval", "0.05",
-        "--recorder-interval", "0.2",
-        "--planner", "off",
-        "--seed", "3",
-        *extra,
-    )  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    clients = [httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=10) for p in ports]
-    r = Replay(clients[0], clients[1], clients[2], clients[3], proc)
-    wait_for(lambda: r.probes.get("/healthz").status_code == 200, what="replay API")
-    return r
+
+    def command(ports: list[int]) -> list[str]:
+        return runtime_cmd(
+            "replay",
+            "--model", "tiny",
+            "--layers", str(LAYERS),
+            "--dense-layers", str(DENSE),
+            "--experts", str(EXPERTS),
+            "--gpus", str(GPUS),
+            "--gpus-per-node", "2",
+            "--redundant", str(REDUNDANT),
+            "--rebalance-iterations", "40",
+            "--pass-interval", "0.002",
+            "--port", str(ports[0]),
+            "--probe-port", str(ports[1]),
+            "--metrics-port", str(ports[2]),
+            "--engine-port", str(ports[3]),
+            "--state-dir", str(tmp_path / "state"),
+            "--token-file", str(tmp_path / "token"),
+            "--poll-interval", "0.05",
+            "--recorder-interval", "0.2",
+            "--planner", "off",
+            "--seed", "3",
+            *extra,
+        )  # fmt: skip
+
+    def healthy(ports: list[int]) -> bool:
+        return httpx.get(f"http://127.0.0.1:{ports[1]}/healthz", timeout=2).status_code == 200
+
+    server = start_server(command, 4, healthy)
+    clients = [httpx.Client(base_url=f"http://127.0.0.1:{p}", timeout=10) for p in server.ports]
+    return Replay(clients[0], clients[1], clients[2], clients[3], server)
 
 
 def stop_replay(r: Replay) -> None:
     for c in (r.api, r.probes, r.sidecar_metrics, r.engine):
         c.close()
-    r.proc.send_signal(signal.SIGTERM)
-    try:
-        r.proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        r.proc.kill()
-    if r.proc.returncode not in (0, -signal.SIGTERM):
-        print(r.proc.stdout.read() if r.proc.stdout else "")
+    if r.server.stop() not in (0, -signal.SIGTERM):
+        print(r.server.output())
 
 
 @pytest.fixture
@@ -216,21 +212,24 @@ def test_pushed_placement_changes_measured_balancedness(
 def test_replay_with_engine_config(tmp_path: Path) -> None:
     """The e2e harness starts replay with the same EngineConfig the operator renders."""
     cfg = tmp_path / "engine.json"
-    http, sidecar = free_port(), free_port()
-    cfg.write_text(
-        '{"modelPath": "deepseek-ai/DeepSeek-V3", "role": "prefill",'
-        ' "parallel": {"nnodes": 1, "gpusPerNode": 8},'
-        ' "eplb": {"numRedundantExperts": 8, "rebalanceIterations": 20},'
-        ' "model": {"numLayers": 5, "numExperts": 32, "topK": 4},'
-        f' "ports": {{"http": {http}, "sidecar": {sidecar}}}}}'
+
+    def command(ports: list[int]) -> list[str]:
+        http, sidecar, probes, scrape_port = ports
+        cfg.write_text(
+            '{"modelPath": "deepseek-ai/DeepSeek-V3", "role": "prefill",'
+            ' "parallel": {"nnodes": 1, "gpusPerNode": 8},'
+            ' "eplb": {"numRedundantExperts": 8, "rebalanceIterations": 20},'
+            ' "model": {"numLayers": 5, "numExperts": 32, "topK": 4},'
+            f' "ports": {{"http": {http}, "sidecar": {sidecar}}}}}'
+        )
+        return runtime_cmd("replay", "--engine-config", str(cfg), "--pass-interval", "0.005",
+                           "--probe-port", str(probes), "--metrics-port", str(scrape_port),
+                           "--state-dir", str(tmp_path / "s"), "--poll-interval", "0.05", "--planner", "off")  # fmt: skip
+
+    server = start_server(
+        command, 4, lambda p: httpx.get(f"http://127.0.0.1:{p[2]}/healthz").status_code == 200
     )
-    probes, scrape_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        runtime_cmd("replay", "--engine-config", str(cfg), "--pass-interval", "0.005",
-                    "--probe-port", str(probes), "--metrics-port", str(scrape_port),
-                    "--state-dir", str(tmp_path / "s"), "--poll-interval", "0.05", "--planner", "off"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ},
-    )  # fmt: skip
+    http, sidecar = server.ports[:2]
     try:
         with (
             httpx.Client(base_url=f"http://127.0.0.1:{sidecar}", timeout=10) as c,
@@ -246,8 +245,7 @@ def test_replay_with_engine_config(tmp_path: Path) -> None:
                 engine.get("/metrics").text, "sglang:eplb_balancedness_count", forward_mode="extend"
             )
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)
+        server.stop()
 
 
 def test_static_mode_never_rebalances_and_windows_come_from_recorder_dumps(tmp_path: Path) -> None:

@@ -10,15 +10,15 @@ mounts.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from test_runtime_listener import free_port, replay_process
+from test_runtime_listener import replay_process
 
+from local_ports import free_ports
 from moe_contract.auth import (
     DIGESTS_FILE,
     digests_document,
@@ -76,7 +76,7 @@ def pod_runtime(tmp_path: Path) -> Iterator[int]:
     tokens = tmp_path / "token"
     tokens.mkdir()
     (tokens / DIGESTS_FILE).write_text(digests_document(KEY, NAMES))
-    api, probes, scrape, engine = (free_port() for _ in range(4))
+    api, probes, scrape, engine = free_ports(4)
     cmd = [
         sys.executable, "-m", "moe_runtime.cli", "replay", "--model", "tiny", "--instance", "moe-decode-1",
         "--layers", "2", "--experts", "8", "--gpus", "2", "--gpus-per-node", "2", "--redundant", "2",
@@ -85,7 +85,7 @@ def pod_runtime(tmp_path: Path) -> Iterator[int]:
         "--state-dir", str(tmp_path / "state"), "--token-file", str(tokens / "token"),
         "--reads", "token", "--planner", "off", "--poll-interval", "0.1",
     ]  # fmt: skip
-    with replay_process(cmd, probes, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+    with replay_process(cmd, probes):
         yield api
 
 

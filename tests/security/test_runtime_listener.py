@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,17 +30,15 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from local_ports import free_ports
+from moe_runtime.sidecar.listener import Limits
+
 TOKEN = "hostile-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 LAYERS, EXPERTS, GPUS, REDUNDANT = 4, 16, 4, 4
 SLOW = 500  # slow connections held open by the test
 PROBE_TIMEOUT_S = 1.0  # the kubelet's probe timeout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+HEADER_DEADLINE_S = Limits().header_timeout_s  # connection accepted -> its headers must be in
 
 
 @dataclass
@@ -77,7 +76,7 @@ def wait_for(predicate: Any, timeout: float = 30.0, what: str = "") -> Any:
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
     tmp = tmp_path_factory.mktemp("runtime")
     (tmp / "token").write_text(TOKEN)
-    api, probes, scrape, engine = (free_port() for _ in range(4))
+    api, probes, scrape, engine = free_ports(4)
     cmd = [
         sys.executable, "-m", "moe_runtime.cli", "replay", "--model", "tiny",
         "--layers", str(LAYERS), "--experts", str(EXPERTS), "--gpus", str(GPUS), "--gpus-per-node", "2",
@@ -86,20 +85,38 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runtime]:
         "--engine-port", str(engine), "--state-dir", str(tmp / "state"), "--token-file", str(tmp / "token"),
         "--reads", "token", "--planner", "off", "--poll-interval", "0.1",
     ]  # fmt: skip
-    with replay_process(cmd, probes, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+    with replay_process(cmd, probes) as proc:
         rt = Runtime(api, probes, scrape, tmp / "state", proc)
         wait_for(lambda: httpx.get(rt.url(api, "/v1/windows"), headers=AUTH, timeout=2).json()["windows"])
         yield rt
 
 
 @contextlib.contextmanager
-def replay_process(cmd: list[str], probes: int, **popen: Any) -> Iterator[subprocess.Popen[Any]]:
-    """A runtime process, ready (its probe listener's /readyz answers 200), stopped afterwards."""
-    proc = subprocess.Popen(cmd, **popen)
+def replay_process(cmd: list[str], probes: int) -> Iterator[subprocess.Popen[str]]:
+    """A runtime process, ready (its probe listener's /readyz answers 200), stopped afterwards.
+
+    Its output is drained as it comes (a pipe nobody reads blocks the runtime's logging once
+    it fills) and shown, with its exit status, when it does not get ready."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
+    lines: list[str] = []
+    drain = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+    drain.start()
     try:
-        wait_for(
-            lambda: httpx.get(f"http://127.0.0.1:{probes}/readyz", timeout=1).status_code == 200, what="ready"
-        )
+        try:
+            wait_for(
+                lambda: (
+                    proc.poll() is not None
+                    or httpx.get(f"http://127.0.0.1:{probes}/readyz", timeout=1).status_code == 200
+                ),
+                what="ready",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the runtime printed:\n{''.join(lines)[-4000:]}") from None
+        if proc.poll() is not None:
+            drain.join(timeout=5)
+            raise AssertionError(f"the runtime exited with {proc.returncode}:\n{''.join(lines)[-4000:]}")
         yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -107,6 +124,7 @@ def replay_process(cmd: list[str], probes: int, **popen: Any) -> Iterator[subpro
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
 
 
 @contextlib.contextmanager
@@ -144,6 +162,7 @@ def test_probes_answer_within_a_second_while_500_slow_peers_hold_connections(
     evicted = runtime.metric("moe_runtime_listener_evicted_total", listener=target) or 0
     started = time.monotonic()
     with slow_peers(port):
+        opened_in = time.monotonic() - started
         took = probe_answers_in_time(runtime)
         # the operator still reads load windows and status (slow peers lose their slots first)
         r = httpx.get(runtime.url(runtime.api, "/v1/status"), headers=AUTH, timeout=PROBE_TIMEOUT_S)
@@ -151,9 +170,11 @@ def test_probes_answer_within_a_second_while_500_slow_peers_hold_connections(
         cap = {"api": 64, "probes": 32}[target]
         open_now = runtime.metric("moe_runtime_listener_connections", listener=target)
         assert open_now is not None and open_now <= cap
-        assert (
-            runtime.metric("moe_runtime_listener_evicted_total", listener=target) or 0
-        ) >= evicted + SLOW - cap
+        evicted_now = runtime.metric("moe_runtime_listener_evicted_total", listener=target) or 0
+        if opened_in < HEADER_DEADLINE_S:  # all still inside their header deadline: the cap evicted the rest
+            assert evicted_now >= evicted + SLOW - cap
+        else:  # a loaded machine: the first peers met their deadline before the cap filled
+            assert evicted_now > evicted
     held = time.monotonic() - started
     print(f"{SLOW} slow peers on {target} for {held:.1f}s: probe answered in max {max(took) * 1000:.0f} ms")
     assert runtime.proc.poll() is None

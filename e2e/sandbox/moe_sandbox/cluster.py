@@ -264,7 +264,7 @@ class Sandbox:
         if any(pid is None for pid in self.running().values()) or not self.kubeconfig.exists():
             return False
         try:
-            with self.client(timeout=2) as c:
+            with self.client(timeout=10) as c:
                 return c.get("/readyz").status_code == 200
         except httpx.HTTPError:
             return False

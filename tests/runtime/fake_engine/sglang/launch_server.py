@@ -9,7 +9,8 @@ launch_dummy_health_check_server does once the schedulers are ready.
 Knobs: $FAKE_READY_AFTER (seconds before the schedulers are "ready" and the port listens),
 $FAKE_HANG_FILE (while it exists every request hangs: a stuck rank), $FAKE_CALLS (a file that
 gets one line per recorder call), $FAKE_RECORD (argv and env), $FAKE_EXIT_CODE (on SIGTERM),
-$FAKE_IGNORE_TERM=1, $FAKE_EXIT_AFTER (seconds).
+$FAKE_IGNORE_TERM=1, $FAKE_EXIT_AFTER (seconds). Like uvicorn under SGLang, it exits 1 when it
+cannot bind its port (a process that stays up without listening is not what SGLang does).
 """
 
 import json
@@ -86,7 +87,15 @@ class Handler(BaseHTTPRequestHandler):
 
 def serve() -> None:
     time.sleep(float(os.environ.get("FAKE_READY_AFTER", "0")))
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    try:
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    except OSError as exc:  # uvicorn under SGLang exits when it cannot bind; so does the fake
+        print(
+            f"fake sglang.launch_server: cannot listen on 127.0.0.1:{port}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
     server.serve_forever()
 
 
