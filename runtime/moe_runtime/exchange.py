@@ -98,6 +98,20 @@ def atomic_write_json(path: Path, doc: Any) -> None:
     atomic_write_bytes(path, json.dumps(doc, separators=(",", ":")).encode())
 
 
+FileKey = tuple[int, int, int, int]
+
+
+def file_key(path: Path) -> FileKey | None:
+    """What tells a reader a file changed since it last read it, without reading it; None when
+    absent. The writers here replace files by rename, so each version is a new inode; size and
+    mtime alone would miss a rewrite of the same size inside the file system's time granularity."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+
+
 STATUS_MAX_BYTES = 64 * 1024  # the plugin writes under 2 KiB
 _COUNT_MAX = 2**53  # counters past this are not exact as floats
 
@@ -228,18 +242,16 @@ class CachedPlacementFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._key: tuple[int, int] | None = None
+        self._key: FileKey | None = None
         self._doc: PlacementDoc | None = None
         self._error: str | None = None
 
     def load(self) -> tuple[PlacementDoc | None, str | None]:
         """(document, None), (None, error) or (None, None) when the file is absent."""
-        try:
-            st = self.path.stat()
-        except OSError:
+        key = file_key(self.path)
+        if key is None:
             self._key, self._doc, self._error = None, None, None
             return None, None
-        key = (st.st_mtime_ns, st.st_size)
         if key != self._key:
             self._key = key
             try:

@@ -4,6 +4,7 @@ windows from the plugin spool and (static mode) from SGLang's recorder dumps; pl
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -616,6 +617,25 @@ def test_a_malformed_plugin_status_is_refused_and_the_last_good_one_kept(tmp_pat
                 tmp_path / "state", exchange.WindowRecord(np.ones((3, 8), np.int64), 1, 0.0, 1.0)
             )
             await until(lambda: _has_windows(c))
+
+    asyncio.run(run())
+
+
+def test_a_rewrite_of_the_same_size_and_mtime_is_read(tmp_path: Path) -> None:
+    """The plugin rewrites its status by rename several times a second: a version of the same
+    size inside the file system's time granularity must not read as unchanged (the change key
+    includes the inode each rename brings)."""
+
+    async def run() -> None:
+        async with sidecar(tmp_path) as (_sc, c):
+            path = exchange.plugin_status_path(tmp_path / "state")
+            exchange.atomic_write_json(path, {"decisions": {"operator": 4}})
+            await scraped(c, "moe_runtime_plugin_decisions_total", 4, source="operator")
+            first = path.stat()
+            exchange.atomic_write_json(path, {"decisions": {"operator": 5}})
+            os.utime(path, ns=(first.st_atime_ns, first.st_mtime_ns))
+            assert (path.stat().st_size, path.stat().st_mtime_ns) == (first.st_size, first.st_mtime_ns)
+            await scraped(c, "moe_runtime_plugin_decisions_total", 5, source="operator")
 
     asyncio.run(run())
 

@@ -11,6 +11,7 @@ import hmac
 from pathlib import Path
 
 from moe_contract.auth import DIGESTS_FILE, parse_digests, token_matches
+from moe_runtime import exchange
 
 
 class _Cached:
@@ -18,16 +19,14 @@ class _Cached:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._key: tuple[int, int] | None = None
+        self._key: exchange.FileKey | None = None
         self._text: str | None = None
 
     def text(self) -> str | None:
-        try:
-            st = self.path.stat()
-        except OSError:
+        key = exchange.file_key(self.path)
+        if key is None:
             self._key, self._text = None, None
             return None
-        key = (st.st_mtime_ns, st.st_size)
         if key != self._key:
             try:
                 self._text = self.path.read_text()

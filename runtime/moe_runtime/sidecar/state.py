@@ -129,8 +129,8 @@ class SidecarState:
     _shares_src: IntArray | None = None
     _shares: FloatArray | None = None
     _trivial: IntArray | None = None
-    _applied_key: tuple[int, int] | None = None
-    _status_key: tuple[int, int] | None = None
+    _applied_key: exchange.FileKey | None = None
+    _status_key: exchange.FileKey | None = None
     status_refused: int = 0  # versions of plugin-status.json refused (exchange.plugin_status_of)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -267,12 +267,8 @@ class SidecarState:
     def refresh_plugin_files(self) -> bool:
         """Pick up applied.npz and plugin-status.json; True when the applied map changed."""
         self._refresh_status()
-        try:
-            st = exchange.applied_path(self.state_dir).stat()
-        except OSError:
-            return False
-        key = (st.st_mtime_ns, st.st_size)
-        if key == self._applied_key:
+        key = exchange.file_key(exchange.applied_path(self.state_dir))
+        if key is None or key == self._applied_key:
             return False
         got = exchange.read_applied(self.state_dir)
         if got is None:
@@ -294,12 +290,8 @@ class SidecarState:
         """plugin-status.json, parsed only when it changed; a refused version leaves the
         status read before it in place (and is counted)."""
         path = exchange.plugin_status_path(self.state_dir)
-        try:
-            st = path.stat()
-        except OSError:
-            return
-        key = (st.st_mtime_ns, st.st_size)
-        if key == self._status_key:
+        key = exchange.file_key(path)
+        if key is None or key == self._status_key:
             return
         self._status_key = key
         status = exchange.read_plugin_status(path)
