@@ -83,6 +83,8 @@ REFUSED: list[ArgCase] = [
             ("--worker-startup-timeout-secs", "spec.engine.startupTimeout")),
     ArgCase("router-owned-policy-equals", "router", ("--policy=random",), "spec.router.extraArgs[0]",
             ("--policy", "spec.router.policy")),
+    ArgCase("router-control-plane-keys", "router", ("--control-plane-api-keys", "me:me:admin:hunter2"),
+            "spec.router.extraArgs[0]", ("--control-plane-api-keys", "locks the router's worker-management API")),
     ArgCase("router-unknown", "router", ("--max-concurent-requests", "8"), "spec.router.extraArgs[0]",
             ("--max-concurent-requests", "sglang-router 0.3.2", "did you mean --max-concurrent-requests")),
     ArgCase("router-choice", "router", ("--decode-policy", "fastest"), "spec.router.extraArgs[0]",

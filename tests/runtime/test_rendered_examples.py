@@ -28,6 +28,8 @@ import pytest
 import yaml
 from rt_helpers import REPO, free_port, require_sglang, wait_for
 
+from moe_operator.render.shared import ROUTER_LAUNCH
+
 pytestmark = pytest.mark.runtime
 
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -183,7 +185,7 @@ def router_command(objects: list[dict[str, Any]]) -> list[str]:
     pod = deployment["spec"]["template"]["spec"]
     (router,) = pod["containers"]
     command: list[str] = router["command"]
-    assert command[:3] == ["python3", "-m", "sglang_router.launch_router"]
+    assert command[:3] == ["python3", "-c", ROUTER_LAUNCH]  # execs sglang_router.launch_router, locked
     assert router["readinessProbe"]["httpGet"]["path"] == "/readiness"
     assert router["livenessProbe"]["httpGet"]["path"] == "/liveness"
     return command
@@ -197,6 +199,7 @@ def test_router_command_parses_with_the_router(example: Path) -> None:
     objects = render(example, "StatefulSet")
     command = router_command(objects)
     args = parse_router_args(command[3:])
+    assert args.control_plane_api_keys == []  # the launcher adds the lock, nothing else sets keys
     spec = yaml.safe_load(example.read_text())["spec"]
     assert args.port == spec.get("router", {}).get("port", 8000)
     assert args.policy == spec["router"]["policy"]
@@ -226,7 +229,9 @@ def test_router_version_check_passes_with_the_pinned_router() -> None:
 
 def test_real_router_serves_what_the_probes_expect(tmp_path: Path) -> None:
     """The rendered router command runs (listen ports moved to loopback): /liveness 200 at once,
-    /readiness 503 while no worker is healthy, where /health (the old probe) already says 200."""
+    /readiness 503 while no worker is healthy, where /health (the old probe) already says 200.
+    Its control plane is locked: a client cannot register a worker of its own (it would get other
+    users' prompts), list the workers, or flush their caches."""
     require_sglang()
     example = next(p for p in EXAMPLES if "qwen3" in p.name)
     argv = router_command(render(example, "StatefulSet"))[1:]
@@ -242,6 +247,12 @@ def test_real_router_serves_what_the_probes_expect(tmp_path: Path) -> None:
         )
         assert httpx.get(f"{base}/readiness", timeout=2).status_code == 503
         assert httpx.get(f"{base}/health", timeout=2).status_code == 200
+        intruder = {"url": f"http://127.0.0.1:{free_port()}"}
+        assert httpx.post(f"{base}/workers", json=intruder, timeout=5).status_code == 401
+        assert httpx.get(f"{base}/workers", timeout=5).status_code == 401
+        assert httpx.post(f"{base}/flush_cache", timeout=5).status_code == 401
+        forged = {"Authorization": "Bearer moe-operator"}
+        assert httpx.post(f"{base}/workers", json=intruder, headers=forged, timeout=5).status_code == 401
     finally:
         proc.terminate()
         try:

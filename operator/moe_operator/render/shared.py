@@ -98,12 +98,26 @@ if have != want:
 """
 
 
+# sglang-router 0.3.2 serves its control plane (/workers: register, remove and list workers;
+# /flush_cache; /get_loads) on the port that takes requests, open to every client unless
+# control-plane keys are set: whoever reaches the router could register a worker of its own and
+# receive other users' prompts. The operator lists the workers on the command line, so nobody needs
+# that API: the router starts with an admin key drawn in the pod, which only the router process holds.
+ROUTER_LAUNCH = """\
+import os, secrets, sys
+lock = "moe-operator:locked:admin:" + secrets.token_hex(32)
+argv = [sys.executable, "-m", "sglang_router.launch_router", *sys.argv[1:], "--control-plane-api-keys", lock]
+os.execv(sys.executable, argv)
+"""
+
+
 def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]]:
     """SGLang's router as a Deployment + Service, wired to every instance leader.
 
     Probes: /liveness (the process serves) and /readiness (503 until a worker is healthy, so the
     Service sends no traffic to a router without workers); /health is only a liveness alias. The
     router waits for its workers as long as an engine group may take to start (spec.engine.startupTimeout).
+    Its worker-management API is locked (ROUTER_LAUNCH).
     """
     r = spec.router
     port = spec.engine.port
@@ -134,7 +148,7 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
     container: dict[str, Any] = {
         "name": "router",
         "image": image,
-        "command": ["python3", "-m", "sglang_router.launch_router", *args],
+        "command": ["python3", "-c", ROUTER_LAUNCH, *args],  # control plane locked (ROUTER_LAUNCH)
         "ports": [{"name": "http", "containerPort": r.port}, {"name": "metrics", "containerPort": 29000}],
         "readinessProbe": {"httpGet": {"path": "/readiness", "port": r.port}, "periodSeconds": 5},
         "livenessProbe": {

@@ -67,6 +67,8 @@ ROUTER_OWNED: dict[str, str] = {
     "decode_selector": "the operator (it lists the instances itself)",
     "prometheus_port": "the operator (the router's metrics port 29000)",
     "prometheus_host": "the operator (the router's metrics port 29000)",
+    "control_plane_api_keys": "the operator (it locks the router's worker-management API with a key "
+    "only the router process holds: a key in the spec would be readable by everyone who can read it)",
 }
 
 # Engine flags that SGLang dropped (not in the catalog any more), with what replaced them.
