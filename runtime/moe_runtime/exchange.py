@@ -21,8 +21,10 @@ import io
 import json
 import math
 import os
+import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -103,8 +105,11 @@ FileKey = tuple[int, int, int, int]
 
 def file_key(path: Path) -> FileKey | None:
     """What tells a reader a file changed since it last read it, without reading it; None when
-    absent. The writers here replace files by rename, so each version is a new inode; size and
-    mtime alone would miss a rewrite of the same size inside the file system's time granularity."""
+    absent. The writers here replace files by rename, which sets the new version's change time;
+    with the inode and size this catches a same-size rewrite that mtime and size alone miss when
+    a writer sets mtime back. Two versions of one size renamed within one timestamp tick (coarse
+    clocks before Linux 6.13) onto a reused inode still read as one until the next write; the
+    plugin rewrites its files at every rebalance."""
     try:
         st = path.stat()
     except OSError:
@@ -113,18 +118,46 @@ def file_key(path: Path) -> FileKey | None:
 
 
 STATUS_MAX_BYTES = 64 * 1024  # the plugin writes under 2 KiB
+NPZ_MAX_BYTES = 64 * 1024 * 1024  # a window with step samples at DeepSeek-V3 shapes is ~2 MB
 _COUNT_MAX = 2**53  # counters past this are not exact as floats
 
 
+def read_regular(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, at most ``limit`` of them; OSError otherwise.
+
+    The state directory is shared with the engine container, so what lies there is input: a FIFO
+    in a file's place would block an ordinary open() (and the sidecar's one worker thread with it)
+    forever, a device would never end. Opened non-blocking and checked with fstat before reading."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        if st.st_size > limit:
+            raise OSError(f"{path}: {st.st_size} bytes, more than {limit}")
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise OSError(f"{path}: more than {limit} bytes")
+    return raw
+
+
+@contextlib.contextmanager
+def load_npz(path: Path, limit: int = NPZ_MAX_BYTES) -> Iterator[Any]:
+    """``np.load`` of a regular file of at most ``limit`` bytes that holds at most ``limit``
+    bytes of arrays (np.savez does not compress; a compressed member could inflate far beyond
+    its file). OSError or ValueError otherwise."""
+    with np.load(io.BytesIO(read_regular(path, limit)), allow_pickle=False) as data:
+        if sum(info.file_size for info in data.zip.infolist()) > limit:
+            raise ValueError(f"{path}: its arrays take more than {limit} bytes")
+        yield data
+
+
 def read_plugin_status(path: Path) -> dict[str, Any] | None:
-    """plugin-status.json as a reader may trust it; None when absent, larger than
-    STATUS_MAX_BYTES, unreadable, or not as the plugin writes it (``plugin_status_of``)."""
+    """plugin-status.json as a reader may trust it; None when absent, not a regular file, larger
+    than STATUS_MAX_BYTES, unreadable, or not as the plugin writes it (``plugin_status_of``)."""
     try:
-        with path.open("rb") as f:
-            raw = f.read(STATUS_MAX_BYTES + 1)
+        raw = read_regular(path, STATUS_MAX_BYTES)
     except OSError:
-        return None
-    if len(raw) > STATUS_MAX_BYTES:
         return None
     try:
         doc = json.loads(raw, parse_constant=_no_constant)
@@ -166,8 +199,8 @@ def plugin_status_of(doc: Any) -> dict[str, Any] | None:
             return None
         kept[key] = value
     source, version, reason = last.get("source"), last.get("version"), last.get("reason")
-    if source is not None and source not in DECISION_SOURCES:
-        return None
+    if source not in DECISION_SOURCES:  # e.g. a newer plugin's: dropped, its counters still read
+        source = None
     if version is not None and not _is_count(version):
         return None
     if reason is not None and not isinstance(reason, str):
@@ -228,7 +261,7 @@ def load_placement(path: Path) -> PlacementDoc:
     """A placement document from ``.npz`` (the sidecar's) or JSON (the operator's ConfigMap)."""
     if path.suffix == ".npz":
         try:
-            with np.load(path, allow_pickle=False) as data:
+            with load_npz(path) as data:
                 arr = np.asarray(data["physical_to_logical_map"])
                 meta = json.loads(bytes(data["meta"]).decode())
         except KeyError as exc:
@@ -271,7 +304,7 @@ def write_applied(base: Path, phy2log: IntArray, meta: dict[str, Any]) -> None:
 
 def read_applied(base: Path) -> tuple[IntArray, dict[str, Any]] | None:
     try:
-        with np.load(applied_path(base), allow_pickle=False) as data:
+        with load_npz(applied_path(base)) as data:
             arr = np.asarray(data["physical_to_logical_map"], dtype=np.int64)
             meta = json.loads(bytes(data["meta"]).decode())
     except (OSError, ValueError, KeyError):
@@ -319,7 +352,7 @@ def write_window(base: Path, record: WindowRecord, *, limit: int = SPOOL_LIMIT) 
 
 
 def read_window(path: Path) -> WindowRecord:
-    with np.load(path, allow_pickle=False) as data:
+    with load_npz(path) as data:
         counts = np.asarray(data["counts"], dtype=np.int64)
         steps = np.asarray(data["steps"], dtype=np.int32) if "steps" in data.files else None
         meta = json.loads(bytes(data["meta"]).decode())

@@ -135,14 +135,12 @@ class _Unpickler(pickle.Unpickler):
 
 def read_dump(path: Path, max_bytes: int = MAX_DUMP_BYTES) -> Dump:
     """Parse one dump file; raises DumpError on anything but SGLang's stat-mode dump."""
-    try:
-        size = path.stat().st_size
+    try:  # a regular file only: the engine container shares the directory (exchange.read_regular)
+        raw = exchange.read_regular(path, max_bytes)
     except OSError as exc:
-        raise DumpError(f"cannot read {path}: {exc}") from exc
-    if size > max_bytes:
-        raise DumpError(f"{path.name} is {size} bytes, more than the {max_bytes} accepted")
+        raise DumpError(f"cannot read {path.name}: {exc}") from exc
     try:
-        with zipfile.ZipFile(path) as archive:
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
             pkl = [n for n in archive.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
             if len(pkl) != 1:
                 raise DumpError(f"{path.name} is not a torch.save archive")

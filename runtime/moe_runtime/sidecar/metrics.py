@@ -20,6 +20,7 @@ from moe_runtime import exchange
 from moe_runtime.sidecar.state import Evaluation, SidecarState, Window
 
 P = "moe_runtime_"
+SIDECAR_ERROR_STAGES = ("ingest", "plugin-files", "plugin-status", "recorder")
 SOURCES = ("operator", "planner", "original", "init", "trivial")
 REFUSALS = ("unauthorized", "too_large", "bad_body")
 LISTENERS = ("api", "probes", "metrics")
@@ -66,6 +67,8 @@ class RuntimeMetrics:
         self.last_evaluation: Evaluation | None = None
         self.pushes = Counter(P + "placement_pushes", "Placement pushes by result.", ["result"], registry=r)
         self.errors = Counter(P + "sidecar_errors", "Sidecar errors by stage.", ["stage"], registry=r)
+        for stage in SIDECAR_ERROR_STAGES:  # from 0, so that increase() sees the first error
+            self.errors.labels(stage)
         self.refused = Counter(
             P + "api_refused",
             "API requests refused before reaching any state, by reason.",

@@ -265,18 +265,19 @@ class SidecarState:
     # ------------------------------------------------------------ plugin files
 
     def refresh_plugin_files(self) -> bool:
-        """Pick up applied.npz and plugin-status.json; True when the applied map changed."""
+        """Pick up applied.npz and plugin-status.json; True when the applied map changed,
+        ValueError when a new applied.npz is refused (counted by the caller, not read again)."""
         self._refresh_status()
         key = exchange.file_key(exchange.applied_path(self.state_dir))
         if key is None or key == self._applied_key:
             return False
+        self._applied_key = key  # a refused version is not read again until it changes
         got = exchange.read_applied(self.state_dir)
-        if got is None:
-            return False
-        self._applied_key = key
+        if got is None or got[0].ndim != 2:
+            raise ValueError(
+                "applied.npz refused: not a regular file, too large, or not as the plugin writes it"
+            )
         arr, meta = got
-        if arr.ndim != 2:
-            return False
         version = meta.get("version")
         self.applied = Applied(
             str(meta.get("source", "unknown")),
