@@ -4,8 +4,8 @@
 connection of the sandbox (kubelets of kwok, the operator, httpx clients) takes its source port
 from. A port picked that way and let go can be taken by such a connection before the server
 under test binds it, and the server then fails or, worse, a fake keeps running without
-listening. Ports below the ephemeral range are never handed out as source ports, so only another
-explicit listener can take one. The sandbox's fixed bases (16000+, 17000+, 19000+) lie below
+listening. Ports outside the ephemeral range (below it, or above it where it starts low) are never
+handed out as source ports, so only another explicit listener can take one. The sandbox's fixed bases (16000+, 17000+, 19000+) lie below
 ``LOW``. A process never hands out the same port twice.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+import warnings
 from pathlib import Path
 
 LOW = 20768  # above the sandbox's fixed port bases
@@ -22,12 +23,23 @@ _given: set[int] = set()
 _rng = random.Random(os.getpid())  # two processes picking at once start at different places
 
 
-def ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral (source-port) range."""
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral (source-port) range, both ends included."""
     try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return _FALLBACK_EPHEMERAL_LOW
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2])
+    except (OSError, ValueError):
+        return _FALLBACK_EPHEMERAL_LOW, 60999
+    return low, high
+
+
+def _outside_ephemeral() -> range:
+    """Ports no outgoing connection takes: below the range (above LOW), else above it."""
+    low, high = ephemeral_range()
+    if low - LOW >= 1000:
+        return range(LOW, low)
+    if 65535 - high >= 1000:
+        return range(high + 1, 65536)
+    return range(0)
 
 
 def _free(port: int) -> bool:
@@ -48,11 +60,14 @@ def free_port() -> int:
 
 def free_ports(count: int) -> list[int]:
     """``count`` distinct loopback ports below the ephemeral range, each free when picked."""
-    high = ephemeral_low()
-    if high - LOW < 1000:  # an unusual range setting: fall back to the kernel's choice
+    ports = _outside_ephemeral()
+    if not ports:  # the ephemeral range covers nearly everything: the kernel's choice it is
+        warnings.warn(
+            "no ports outside the ephemeral range: test ports may race outgoing connections", stacklevel=2
+        )
         return _kernel_ports(count)
     out: list[int] = []
-    candidates = list(range(LOW, high))
+    candidates = list(ports)
     _rng.shuffle(candidates)
     for port in candidates:
         if port not in _given and _free(port):
@@ -60,7 +75,7 @@ def free_ports(count: int) -> list[int]:
             out.append(port)
             if len(out) == count:
                 return out
-    raise RuntimeError(f"no {count} free loopback ports in {LOW}-{high - 1}")
+    raise RuntimeError(f"no {count} free loopback ports in {ports.start}-{ports.stop - 1}")
 
 
 def _kernel_ports(count: int) -> list[int]:

@@ -10,6 +10,7 @@ the online modes never dump.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -44,17 +45,33 @@ class Pod:
         return "".join(self.lines)
 
     def wait(self, predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
-        """``wait_for``, failing with what the pod printed and its exit status."""
+        """``wait_for`` while the pod runs; fails with what it printed and its exit status when
+        the time is up or the pod exited (at once: an exited pod will not get there)."""
         try:
-            return wait_for(predicate, timeout=timeout, what=what)
-        except AssertionError as exc:
+            return wait_for(lambda: self._running() and predicate(), timeout=timeout, what=what)
+        except (AssertionError, _Exited) as exc:
             raise AssertionError(
                 f"{exc}\nexit status: {self.proc.poll()}\npod output:\n{self.output()[-6000:]}"
             ) from None
 
+    def _running(self) -> bool:
+        if self.proc.poll() is not None:
+            raise _Exited(f"the pod exited while waiting (status {self.proc.returncode})")
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL to the runtime and the engine it started (one process group)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
     def close(self) -> None:
         self.probes.close()
         self.api.close()
+
+
+class _Exited(BaseException):
+    """Raised through wait_for (which retries on Exception) when the pod has exited."""
 
 
 def start(tmp: Path, engine_env: dict[str, str], **cfg_over: Any) -> Pod:
@@ -92,7 +109,12 @@ def start(tmp: Path, engine_env: dict[str, str], **cfg_over: Any) -> Pod:
         }
     )
     proc = subprocess.Popen(
-        runtime_cmd("launch"), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        runtime_cmd("launch"),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: Pod.kill reaches the engine too
     )
     pod = Pod(
         proc,
@@ -114,15 +136,19 @@ def _drain(pod: Pod) -> None:
 
 
 def finish(pod: Pod, timeout: float = 30) -> tuple[int, str]:
-    """The pod's exit status and everything it printed."""
-    code = pod.proc.wait(timeout=timeout)
+    """The pod's exit status and everything it printed; killed (engine included) past ``timeout``."""
+    try:
+        code = pod.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pod.kill()
+        raise AssertionError(f"the pod did not exit in {timeout:.0f} s:\n{pod.output()[-6000:]}") from None
     if pod.drain is not None:
         pod.drain.join(timeout=5)
     return code, pod.output()
 
 
 def test_sigterm_drains_then_stops_the_engine_and_propagates_its_status(tmp_path: Path) -> None:
-    pod = start(tmp_path, {"FAKE_EXIT_CODE": "7"}, drainSeconds=3)  # room for the checks inside the drain
+    pod = start(tmp_path, {"FAKE_EXIT_CODE": "7"}, drainSeconds=10)  # room for the checks inside the drain
     try:
         r = pod.wait(lambda: (r := pod.ready()).status_code == 200 and r, what="engine ready via sidecar")
         assert r.json()["reason"] == "engine ready"
@@ -144,7 +170,7 @@ def test_sigterm_drains_then_stops_the_engine_and_propagates_its_status(tmp_path
     finally:
         pod.close()
         if pod.proc.poll() is None:
-            pod.proc.kill()
+            pod.kill()
 
 
 def test_engine_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
@@ -158,7 +184,7 @@ def test_engine_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
     finally:
         pod.close()
         if pod.proc.poll() is None:
-            pod.proc.kill()
+            pod.kill()
 
 
 def test_engine_crash_ends_the_pod_with_its_status(tmp_path: Path) -> None:
@@ -198,7 +224,7 @@ def test_worker_ranks_are_ready_when_their_placeholder_health_answers(tmp_path: 
     pod = start(
         tmp_path,
         {"MOE_RANK": "1", "MOE_LEADER_ADDRESS": "leader.example", "MOE_NNODES": "2",
-         "FAKE_READY_AFTER": "5", "FAKE_HANG_FILE": str(hang)},
+         "FAKE_READY_FILE": str(tmp_path / "schedulers-ready"), "FAKE_HANG_FILE": str(hang)},
         parallel={"nnodes": 2, "gpusPerNode": 8},
         eplb={"numRedundantExperts": 16},
     )  # fmt: skip
@@ -207,6 +233,7 @@ def test_worker_ranks_are_ready_when_their_placeholder_health_answers(tmp_path: 
             lambda: (r := pod.ready()).status_code == 503 and "/health" in r.json()["reason"] and r,
             what="not ready while its schedulers start (nothing listens yet)",
         )
+        (tmp_path / "schedulers-ready").touch()
         r = pod.wait(lambda: (r := pod.ready()).status_code == 200 and r, what="ready")
         assert r.json()["reason"] == "engine ready"
         argv = json.loads((tmp_path / "record.json").read_text())["argv"]

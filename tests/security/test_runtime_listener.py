@@ -171,7 +171,9 @@ def test_probes_answer_within_a_second_while_500_slow_peers_hold_connections(
         open_now = runtime.metric("moe_runtime_listener_connections", listener=target)
         assert open_now is not None and open_now <= cap
         evicted_now = runtime.metric("moe_runtime_listener_evicted_total", listener=target) or 0
-        if opened_in < HEADER_DEADLINE_S:  # all still inside their header deadline: the cap evicted the rest
+        # All opened well inside their header deadline (the server may accept them later than the
+        # client opened them: half the deadline is the margin): the cap evicted all but ``cap``.
+        if opened_in < HEADER_DEADLINE_S / 2:
             assert evicted_now >= evicted + SLOW - cap
         else:  # a loaded machine: the first peers met their deadline before the cap filled
             assert evicted_now > evicted

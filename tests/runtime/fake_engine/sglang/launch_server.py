@@ -7,6 +7,7 @@ serve only the placeholder /health and /health_generate (no /ready), as SGLang's
 launch_dummy_health_check_server does once the schedulers are ready.
 
 Knobs: $FAKE_READY_AFTER (seconds before the schedulers are "ready" and the port listens),
+$FAKE_READY_FILE (no listening before this file exists),
 $FAKE_HANG_FILE (while it exists every request hangs: a stuck rank), $FAKE_CALLS (a file that
 gets one line per recorder call), $FAKE_RECORD (argv and env), $FAKE_EXIT_CODE (on SIGTERM),
 $FAKE_IGNORE_TERM=1, $FAKE_EXIT_AFTER (seconds). Like uvicorn under SGLang, it exits 1 when it
@@ -87,6 +88,9 @@ class Handler(BaseHTTPRequestHandler):
 
 def serve() -> None:
     time.sleep(float(os.environ.get("FAKE_READY_AFTER", "0")))
+    gate = os.environ.get("FAKE_READY_FILE")
+    while gate and not os.path.exists(gate):
+        time.sleep(0.05)
     try:
         server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     except OSError as exc:  # uvicorn under SGLang exits when it cannot bind; so does the fake
