@@ -233,6 +233,7 @@ MANAGED_FLAGS = frozenset(
         "--kv-cache-dtype",
         "--load-format",
         "--trust-remote-code",
+        "--admin-api-key",
     }
 )
 

@@ -114,3 +114,88 @@ def test_role_modes_are_sglang_choices(parser: argparse.ArgumentParser) -> None:
 def test_a_typo_in_extra_args_would_be_caught(parser: argparse.ArgumentParser) -> None:
     with pytest.raises((SystemExit, argparse.ArgumentError)):
         parser.parse_args(["--model-path", "m", "--deepep-mode", "fast"])
+
+
+def _route_auth_levels() -> dict[str, str]:
+    """Route path -> AuthLevel name of every endpoint SGLang 0.5.23's HTTP server marks, read
+    from sglang/srt/entrypoints/http_server.py itself (importing it needs the GPU build's deps)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang.srt.entrypoints.http_server")
+    assert spec is not None and spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text())
+    levels: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        paths, level = [], None
+        for deco in node.decorator_list:
+            if not isinstance(deco, ast.Call):
+                continue
+            func = deco.func
+            if (
+                isinstance(func, ast.Attribute)
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "app"
+            ):
+                if (
+                    deco.args
+                    and isinstance(deco.args[0], ast.Constant)
+                    and isinstance(deco.args[0].value, str)
+                ):
+                    paths.append(deco.args[0].value)
+            elif isinstance(func, ast.Name) and func.id == "auth_level" and deco.args:
+                arg = deco.args[0]
+                if isinstance(arg, ast.Attribute):
+                    level = arg.attr
+        for path in paths:
+            levels[path] = level or "NORMAL"
+    return levels
+
+
+def test_the_admin_key_locks_sglangs_admin_endpoints_and_nothing_the_pod_needs(tmp_path: Path) -> None:
+    """With the launcher's --admin-api-key (and no --api-key), SGLang 0.5.23's own auth decision
+    refuses its admin endpoints to a peer without the key, lets the key through, and leaves
+    requests, probes and /metrics open; the recorder endpoints the sidecar calls in static mode
+    are among the locked ones (so the sidecar must send the key: tests/runtime/test_runtime_launch.py)."""
+    require_sglang()
+    from sglang.srt.utils.auth import AuthLevel, decide_request_auth
+
+    from moe_runtime import recorder
+    from moe_runtime.launcher.args import lock_admin
+
+    levels = _route_auth_levels()
+    admin = {p for p, lv in levels.items() if lv != "NORMAL"}
+    for path in ("/update_weights_from_disk", "/send_weights_to_remote_instance", "/load_lora_adapter",
+                 "/release_memory_occupation", "/pause_generation", "/flush_cache", "/start_profile",
+                 recorder.START_PATH, recorder.DUMP_PATH):  # fmt: skip
+        assert path in admin, (path, levels.get(path))
+    for path in ("/generate", "/v1/chat/completions", "/v1/completions", "/model_info", "/server_info"):
+        assert levels.get(path) == "NORMAL", (path, levels.get(path))
+
+    key = "k" * 64
+    argv, _ = render_case(CASES[0], tmp_path)
+    locked = lock_admin(argv, key)
+    assert locked[: len(argv)] == argv
+    parser = argparse.ArgumentParser(prog="sglang serve", exit_on_error=False)
+    from sglang.srt.server_args import ServerArgs
+
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args(locked[3:])
+    assert ns.admin_api_key == key and ns.api_key is None
+
+    def allowed(path: str, header: str | None) -> bool:
+        level = AuthLevel[levels.get(path, "NORMAL")]
+        decision = decide_request_auth(
+            method="POST", path=path, authorization_header=header, api_key=ns.api_key,
+            admin_api_key=ns.admin_api_key, auth_level=level,
+        )  # fmt: skip
+        return decision.allowed
+
+    for path in sorted(p for p in admin if levels[p] == "ADMIN_OPTIONAL"):
+        assert not allowed(path, None), path
+        assert not allowed(path, "Bearer wrong"), path
+        assert allowed(path, f"Bearer {key}"), path
+    for path in ("/generate", "/v1/chat/completions", "/health", "/health_generate", "/ready", "/metrics"):
+        assert allowed(path, None), path
