@@ -233,7 +233,6 @@ MANAGED_FLAGS = frozenset(
         "--kv-cache-dtype",
         "--load-format",
         "--trust-remote-code",
-        "--admin-api-key",
     }
 )
 

@@ -43,8 +43,6 @@ ENGINE_OWNED: dict[str, str] = {
     "expert_balancedness_report_mode": "spec.monitoring (balancedness is exported to Prometheus)",
     "enable_metrics": "the runtime (metrics are always on)",
     "kv_cache_dtype": "spec.model.kvCacheDtype",
-    "admin_api_key": "the runtime (it locks SGLang's admin endpoints with a key drawn in the pod: a key "
-    "in the spec would be readable by everyone who can read it)",
 }
 
 # Flags users may pass, which the operator moves out of extraArgs into the engine config

@@ -62,22 +62,6 @@ def build_command(
     return argv + list(cfg.extra_args)
 
 
-ADMIN_KEY_FLAG = "--admin-api-key"
-
-
-def lock_admin(argv: list[str], key: str) -> list[str]:
-    """``argv`` with SGLang's admin endpoints locked by ``key``.
-
-    SGLang 0.5.23 serves its admin endpoints (update_weights_from_disk, send_weights_to_remote_instance,
-    load_lora_adapter, release_memory_occupation, pause_generation, flush_cache, start_profile, the
-    expert-distribution recorder, ...: AuthLevel.ADMIN_OPTIONAL in sglang/srt/entrypoints/http_server.py)
-    on the request port, open to any peer while no key is set. With only --admin-api-key they need
-    that key; requests, /health*, /ready* and /metrics stay open, so routers and probes are unchanged.
-    The launcher draws the key in the pod; only the engine and this pod's sidecar (static mode's
-    recorder calls) hold it."""
-    return [*argv, ADMIN_KEY_FLAG, key]
-
-
 def _disaggregation_args(cfg: EngineConfig) -> list[str]:
     if cfg.role == "standalone":
         return []

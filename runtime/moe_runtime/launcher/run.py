@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from moe_contract.engine import EngineConfig
 from moe_runtime import exchange, recorder
 from moe_runtime.config import DEFAULT_TOKEN_FILE, ConfigError, PodEnv, load_config, pod_problems
 from moe_runtime.launcher import init_location
-from moe_runtime.launcher.args import build_command, engine_env, lock_admin
+from moe_runtime.launcher.args import build_command, engine_env
 from moe_runtime.launcher.supervisor import Supervisor
 from moe_runtime.sidecar.service import EngineCheck, RecorderSource, Sidecar, SidecarOptions
 from moe_runtime.sidecar.state import EngineLayout
@@ -29,14 +28,9 @@ class LaunchPlan:
     cfg: EngineConfig
     pod: PodEnv
     state_dir: Path
-    argv: list[str]  # what print-args shows and launch logs: without the admin key
+    argv: list[str]
     env: dict[str, str]
     init: init_location.InitLocation
-    admin_key: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
-
-    def engine_argv(self) -> list[str]:
-        """The command SGLang runs with: ``argv`` with its admin endpoints locked (args.lock_admin)."""
-        return lock_admin(self.argv, self.admin_key)
 
 
 def plan_launch(
@@ -92,7 +86,7 @@ def sidecar_options(plan: LaunchPlan, env: dict[str, str] | None = None) -> Side
         ),
         identity={"instance": pod.instance, "role": cfg.role, "rank": pod.rank, "engine": "sglang"},
         engine_check=engine_check(engine, pod.rank),
-        recorder=recorder_source(cfg, pod.rank, engine, plan.state_dir, env, plan.admin_key),
+        recorder=recorder_source(cfg, pod.rank, engine, plan.state_dir, env),
     )
 
 
@@ -103,7 +97,7 @@ def engine_check(engine_url: str, rank: int) -> EngineCheck:
 
 
 def recorder_source(
-    cfg: EngineConfig, rank: int, engine_url: str, state_dir: Path, env: dict[str, str], admin_key: str | None
+    cfg: EngineConfig, rank: int, engine_url: str, state_dir: Path, env: dict[str, str]
 ) -> RecorderSource | None:
     """Static mode's load source, on the pod whose SGLang serves the API and writes the dumps
     (global rank 0 lives on node rank 0). Never in modes operator or engine: a dump resets the
@@ -116,9 +110,7 @@ def recorder_source(
         raise ConfigError(f"{P.ENV_RECORDER_INTERVAL} must be a number of seconds") from exc
     if not 0.1 <= interval <= 3600:
         raise ConfigError(f"{P.ENV_RECORDER_INTERVAL}={interval} must lie in [0.1, 3600] seconds")
-    return RecorderSource(
-        engine_url, recorder.recorder_dir(state_dir), interval_s=interval, admin_key=admin_key
-    )
+    return RecorderSource(engine_url, recorder.recorder_dir(state_dir), interval_s=interval)
 
 
 def _port(env: dict[str, str], name: str, default: int) -> int:
@@ -135,9 +127,7 @@ async def launch(plan: LaunchPlan, opts: SidecarOptions | None = None) -> int:
         log.warning("%s", note)
     if plan.init.path:
         log.info("initial placement v%s from %s", plan.init.version, plan.init.source)
-    sup = Supervisor(
-        plan.engine_argv(), plan.env, drain_s=plan.cfg.drain_seconds, grace_s=plan.cfg.grace_seconds
-    )
+    sup = Supervisor(plan.argv, plan.env, drain_s=plan.cfg.drain_seconds, grace_s=plan.cfg.grace_seconds)
     opts = opts or sidecar_options(plan)
     opts.alive = sup.alive
     sidecar = Sidecar(opts)

@@ -63,9 +63,6 @@ class RecorderSource:
     directory: Path  # $SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR
     interval_s: float = 10.0
     timeout_s: float = 60.0  # a dump all-reduces and writes the whole buffer
-    admin_key: str | None = field(
-        default=None, repr=False
-    )  # SGLang's --admin-api-key (launcher.args.lock_admin)
 
 
 @dataclass
@@ -230,8 +227,7 @@ class Sidecar:
         for old in recorder.take_dumps(source.directory):  # an earlier sidecar's leftovers
             old.unlink(missing_ok=True)
         recording, since = False, time.time()
-        headers = {"Authorization": f"Bearer {source.admin_key}"} if source.admin_key else {}
-        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
             while True:
                 await asyncio.sleep(source.interval_s)
                 if not self.state.engine_ready:

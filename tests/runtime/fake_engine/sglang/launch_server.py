@@ -27,9 +27,6 @@ argv = sys.argv[1:]
 port = int(argv[argv.index("--port") + 1])
 node_rank = int(argv[argv.index("--node-rank") + 1]) if "--node-rank" in argv else 0
 recording = "--expert-distribution-recorder-mode" in argv
-# SGLang 0.5.23 with only --admin-api-key: its ADMIN_OPTIONAL endpoints (the recorder's among
-# them) need that bearer key; requests, /health*, /ready* and /metrics stay open.
-admin_key = argv[argv.index("--admin-api-key") + 1] if "--admin-api-key" in argv else None
 record = os.environ.get("FAKE_RECORD")
 if record:
     with open(record, "w") as fh:
@@ -72,13 +69,6 @@ class Handler(BaseHTTPRequestHandler):
                 paths |= {"/start_expert_distribution_record", "/dump_expert_distribution_record"}
         if path not in paths:
             self.send_response(404)
-            self.end_headers()
-            return
-        locked = path.endswith("_expert_distribution_record") and admin_key is not None
-        if locked and self.headers.get("Authorization") != f"Bearer {admin_key}":
-            note(f"{self.command} {path} unauthorized")
-            self.send_response(401)
-            self.send_header("Content-Length", "0")
             self.end_headers()
             return
         if path.endswith("_expert_distribution_record"):
