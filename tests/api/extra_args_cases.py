@@ -85,6 +85,8 @@ REFUSED: list[ArgCase] = [
             ("--policy", "spec.router.policy")),
     ArgCase("router-control-plane-keys", "router", ("--control-plane-api-keys", "me:me:admin:hunter2"),
             "spec.router.extraArgs[0]", ("--control-plane-api-keys", "locks the router's worker-management API")),
+    ArgCase("router-mini-lb", "router", ("--mini-lb",), "spec.router.extraArgs[0]",
+            ("--mini-lb", "no control-plane authentication")),
     ArgCase("router-unknown", "router", ("--max-concurent-requests", "8"), "spec.router.extraArgs[0]",
             ("--max-concurent-requests", "sglang-router 0.3.2", "did you mean --max-concurrent-requests")),
     ArgCase("router-choice", "router", ("--decode-policy", "fastest"), "spec.router.extraArgs[0]",

@@ -495,7 +495,7 @@ class RouterSpec(APIObject):
         "flags, value types and choices are refused). Flags the operator owns, under any spelling "
         "(--pd-disaggregation, --prefill, --decode, --worker-urls, --host, --port, --policy, "
         "--worker-startup-timeout-secs, --health-check-endpoint, --service-discovery*, --*selector, "
-        "--prometheus-port, --prometheus-host, --control-plane-api-keys), are refused.",
+        "--prometheus-port, --prometheus-host, --control-plane-api-keys, --mini-lb), are refused.",
     )
     resources: EmbeddedObject | None = Field(
         default=None, description="CPU and memory of the router container (Kubernetes ResourceRequirements)."

@@ -69,6 +69,8 @@ ROUTER_OWNED: dict[str, str] = {
     "prometheus_host": "the operator (the router's metrics port 29000)",
     "control_plane_api_keys": "the operator (it locks the router's worker-management API with a key "
     "only the router process holds: a key in the spec would be readable by everyone who can read it)",
+    "mini_lb": "the operator (the Python mini load balancer has no control-plane authentication: its "
+    "/flush_cache and worker info would be open to every client)",
 }
 
 # Engine flags that SGLang dropped (not in the catalog any more), with what replaced them.
