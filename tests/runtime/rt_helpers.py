@@ -6,7 +6,6 @@ import importlib
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ import pytest
 
 from local_ports import free_port as free_port  # re-exported: the runtime tests import it from here
 from local_ports import free_ports
+from process_output import follow
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -60,12 +60,6 @@ class Server:
         return int(self.proc.returncode)
 
 
-def _drain(server: Server) -> None:
-    assert server.proc.stdout is not None
-    for line in server.proc.stdout:
-        server.lines.append(line)
-
-
 def start_server(
     command: Callable[[list[int]], list[str]],
     ports: int,
@@ -85,8 +79,7 @@ def start_server(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
         )
         server = Server(proc, picked)
-        drain = threading.Thread(target=_drain, args=(server,), daemon=True)
-        drain.start()
+        drain = follow(proc, server.lines)
         up, exited = False, None
         try:
             up = _wait_ready(server, ready, timeout)

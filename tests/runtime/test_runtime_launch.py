@@ -26,6 +26,8 @@ import httpx
 import pytest
 from rt_helpers import FAKE_ENGINE, free_ports, runtime_cmd, wait_for
 
+from process_output import follow
+
 
 @dataclass
 class Pod:
@@ -124,15 +126,8 @@ def start(tmp: Path, engine_env: dict[str, str], **cfg_over: Any) -> Pod:
         ),
         cfg,
     )
-    pod.drain = threading.Thread(target=_drain, args=(pod,), daemon=True)
-    pod.drain.start()
+    pod.drain = follow(proc, pod.lines)
     return pod
-
-
-def _drain(pod: Pod) -> None:
-    assert pod.proc.stdout is not None
-    for line in pod.proc.stdout:
-        pod.lines.append(line)
 
 
 def finish(pod: Pod, timeout: float = 30) -> tuple[int, str]:

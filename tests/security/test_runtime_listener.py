@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from local_ports import free_ports
 from moe_runtime.sidecar.listener import Limits
+from process_output import follow
 
 TOKEN = "hostile-test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -101,8 +101,7 @@ def replay_process(cmd: list[str], probes: int) -> Iterator[subprocess.Popen[str
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
     )
     lines: list[str] = []
-    drain = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
-    drain.start()
+    drain = follow(proc, lines)
     try:
         try:
             wait_for(
