@@ -143,7 +143,8 @@ def finish(pod: Pod, timeout: float = 30) -> tuple[int, str]:
 
 
 def test_sigterm_drains_then_stops_the_engine_and_propagates_its_status(tmp_path: Path) -> None:
-    pod = start(tmp_path, {"FAKE_EXIT_CODE": "7"}, drainSeconds=10)  # room for the checks inside the drain
+    # room for the checks inside the drain, and for a loaded machine to run the engine's SIGTERM handler
+    pod = start(tmp_path, {"FAKE_EXIT_CODE": "7"}, drainSeconds=10, graceSeconds=10)
     try:
         r = pod.wait(lambda: (r := pod.ready()).status_code == 200 and r, what="engine ready via sidecar")
         assert r.json()["reason"] == "engine ready"
