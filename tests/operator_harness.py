@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -148,14 +149,27 @@ class OperatorProcess:
         """Writes counted by the operator's own client (kopf's own patches and events not included)."""
         return sum(v for verb, v in self.api_requests().items() if verb != "get")
 
-    def audited_writes(self) -> list[dict[str, Any]]:
-        """Every write the API server served to the operator's user so far, from its audit log."""
+    def audited_writes(self, since: float = 0.0) -> list[dict[str, Any]]:
+        """Every write the API server served to the operator's user since ``since`` (epoch seconds),
+        from its audit log: the rotated file too when it was written after ``since`` (the log
+        rotates at 100 MB and outlives a test session on a reused machine)."""
+        logs = sorted(
+            (p for p in self.box.audit_log.parent.glob("audit*.log") if p.stat().st_mtime >= since),
+            key=lambda p: p.stat().st_mtime,
+        )
         events = []
-        with open(self.box.audit_log) as log:
-            for line in log:
-                event = json.loads(line)
-                if event.get("stage") == "ResponseComplete" and event["user"]["username"] == OPERATOR_USER:
-                    events.append(event)
+        for path in logs:
+            with open(path) as log:
+                for line in log:
+                    if OPERATOR_USER not in line:  # cheap pre-filter: the file holds every user's writes
+                        continue
+                    event = json.loads(line)
+                    if (
+                        event.get("stage") == "ResponseComplete"
+                        and event["user"]["username"] == OPERATOR_USER
+                        and datetime.fromisoformat(event["stageTimestamp"]).timestamp() >= since
+                    ):
+                        events.append(event)
         return events
 
     def tail(self, lines: int = 40) -> str:

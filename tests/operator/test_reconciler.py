@@ -263,12 +263,15 @@ def test_idle_operator_makes_no_writes_and_restart_converges(
         f'moe_operator_condition{{deployment="{name}",namespace="{deployed}",reason="AllPoolsReady",type="Ready"}} 1.0'
         in metrics
     )
+    # Earlier tests' namespaces are deleted without waiting; while one terminates, the operator is
+    # not idle (that deployment's children go away, and its last events are refused with 403).
+    wait_for(lambda: not terminating_namespaces(api), 300, interval=2, what="earlier tests' namespaces gone")
     quiet_since(moe_operator, quiet=15, at_most=90)  # the last status and event writes have landed
     # Five minutes with nothing changing (MOE_IDLE_SECONDS shortens it for quick local runs).
     idle = float(os.environ.get("MOE_IDLE_SECONDS", "300"))
-    before, audited_before = moe_operator.writes(), len(moe_operator.audited_writes())
+    before, start = moe_operator.writes(), time.time()
     time.sleep(idle)
-    after, audited = moe_operator.writes(), moe_operator.audited_writes()[audited_before:]
+    after, audited = moe_operator.writes(), moe_operator.audited_writes(since=start)
     # Counted by the API server (audit log: kopf's patches and events included), not assumed.
     print(
         f"\noperator writes while idle for {idle:.0f}s: {len(audited)} (audit log), {after - before:.0f} (own client)"
@@ -296,15 +299,20 @@ def test_idle_operator_makes_no_writes_and_restart_converges(
     assert _uids(engine_pods(api, deployed, name)) == pods
 
 
+def terminating_namespaces(api: httpx.Client) -> list[str]:
+    items = api.get("/api/v1/namespaces").json()["items"]
+    return [n["metadata"]["name"] for n in items if n["status"].get("phase") == "Terminating"]
+
+
 def quiet_since(operator: OperatorProcess, quiet: float, at_most: float) -> None:
     """Until the API server has logged no write of the operator for ``quiet`` seconds (a loaded
     machine can take longer than any fixed sleep to land the last status and event writes)."""
-    deadline = time.monotonic() + at_most
-    count, since = len(operator.audited_writes()), time.monotonic()
+    deadline, start = time.monotonic() + at_most, time.time()
+    count, since = 0, time.monotonic()
     while time.monotonic() - since < quiet:
         assert time.monotonic() < deadline, f"the operator kept writing for {at_most:.0f}s"
         time.sleep(1)
-        now = len(operator.audited_writes())
+        now = len(operator.audited_writes(since=start))
         if now != count:
             count, since = now, time.monotonic()
 
