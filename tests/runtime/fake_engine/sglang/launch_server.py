@@ -121,4 +121,7 @@ else:
 exit_after = os.environ.get("FAKE_EXIT_AFTER")
 if exit_after:
     threading.Timer(float(exit_after), lambda: os._exit(int(os.environ.get("FAKE_EXIT_CODE", "0")))).start()
-threading.Event().wait()
+# Short sleeps, not one blocking wait: the kernel may hand SIGTERM to the HTTP thread, and Python
+# runs handlers only in the main thread, which a lock wait would never wake from.
+while True:
+    time.sleep(0.2)
