@@ -19,6 +19,10 @@ from moe_contract.pod import SIDECAR_PORT
 TIMEOUT_S = 3.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a full ring of DeepSeek-V3 windows is ~30 MB of JSON
 MAX_PLACEMENT_BYTES = 2 * 1024 * 1024  # a map is L x (E + R) ints: DeepSeek-V3 ~70 kB of JSON
+MAX_REFUSAL_BYTES = 4096  # a refusal's reason, shown in status; the rest is never read
+# What a runtime sidecar (or the HTTP server under it) can answer a push with; any other status is
+# counted as http_other, so a peer cannot grow the pushes metric by one series per status code.
+PUSH_STATUSES = frozenset({400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 500, 502, 503, 504})
 
 
 class RuntimeAnswerError(Exception):
@@ -78,7 +82,7 @@ class RuntimeClient:
                     body += chunk
                     if len(body) > max_bytes:
                         raise RuntimeAnswerError(f"answer larger than {max_bytes} bytes")
-                    if time.monotonic() - started > 4 * self._deadline_s:
+                    if self._late(started):
                         raise RuntimeAnswerError(f"answer took longer than {4 * self._deadline_s:.0f}s")
         except httpx.HTTPError as exc:
             raise RuntimeAnswerError(type(exc).__name__) from exc
@@ -91,13 +95,32 @@ class RuntimeClient:
         return answer
 
     def push(self, ip: str, doc: Mapping[str, Any]) -> Pushed:
-        """PUT a placement document; the runtime validates it against its engine."""
+        """PUT a placement document; the runtime validates it against its engine. Of the answer's
+        body only a refusal's first bytes are read, within the deadline."""
+        started = time.monotonic()
+        url = f"http://{ip}:{self._port}/v1/placement"
         try:
-            resp = self._http.put(
-                f"http://{ip}:{self._port}/v1/placement", json=dict(doc), headers=self._headers(ip)
-            )
+            with self._http.stream("PUT", url, json=dict(doc), headers=self._headers(ip)) as resp:
+                status = resp.status_code
+                if status == 200:
+                    return Pushed("ok", None)
+                reason = self._refusal(resp, started)
         except httpx.HTTPError as exc:
             return Pushed("unreachable", type(exc).__name__)
-        if resp.status_code == 200:
-            return Pushed("ok", None)
-        return Pushed(f"http_{resp.status_code}", f"HTTP {resp.status_code} {resp.text[:120]}")
+        result = f"http_{status}" if status in PUSH_STATUSES else "http_other"
+        return Pushed(result, f"HTTP {status} {reason[:120]}")
+
+    def _refusal(self, resp: httpx.Response, started: float) -> str:
+        """The first MAX_REFUSAL_BYTES of a refusal, or what arrived of them before the deadline."""
+        body = bytearray()
+        try:
+            for chunk in resp.iter_bytes():
+                body += chunk
+                if len(body) >= MAX_REFUSAL_BYTES or self._late(started):
+                    break
+        except httpx.HTTPError:
+            pass  # the status is the answer; its reason is a courtesy
+        return body[:MAX_REFUSAL_BYTES].decode(errors="replace")
+
+    def _late(self, started: float) -> bool:
+        return time.monotonic() - started > 4 * self._deadline_s

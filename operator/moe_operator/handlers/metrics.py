@@ -40,7 +40,12 @@ METRICS: tuple[MetricDef, ...] = (
         (*POOL_LABELS, "reason"),
     ),
     MetricDef("moe_operator_placement_skips_total", "counter", "Evaluations that published nothing", (*POOL_LABELS, "reason")),
-    MetricDef("moe_operator_placement_pushes_total", "counter", "Placement pushes to runtimes (mode operator: each instance its own map)", (*POOL_LABELS, "result")),
+    MetricDef(
+        "moe_operator_placement_pushes_total", "counter",
+        "Placement pushes to runtimes (mode operator: each instance its own map), by result: ok, unreachable, "
+        "http_<status> for a status a sidecar gives, else http_other",
+        (*POOL_LABELS, "result"),
+    ),
     MetricDef("moe_operator_placement_evaluation_seconds", "histogram", "Time of one pool evaluation", POOL_LABELS),
     MetricDef("moe_operator_placement_balancedness", "gauge", "Balancedness (mean/max GPU load); eplb mode operator: the mean over the pool's instances, each on its own window", (*POOL_LABELS, "kind")),
     MetricDef("moe_operator_placement_version", "gauge", "Published placement version (0: trivial)", POOL_LABELS),
