@@ -615,9 +615,11 @@ def test_chart_platform_values_drive_the_operator_and_the_policy(tmp_path: Path,
 
 
 @pytest.fixture()
-def leaderworkerset(sandbox: Sandbox) -> Iterator[None]:
+def leaderworkerset(sandbox: Sandbox, moe_operator: OperatorProcess) -> Iterator[None]:
     """The real LeaderWorkerSet controller and webhooks for one test (the operator is not asked to
-    use them: it only uses what was served when it started)."""
+    use them: it only uses what was served when it started). Afterwards the session's operator
+    restarts: kopf watches the CRD once it appears, and its deletion can stop the operator
+    (docs/operator.md, Optional APIs)."""
     from moe_sandbox import leaderworkerset as lws
 
     lws.uninstall(sandbox)
@@ -626,6 +628,7 @@ def leaderworkerset(sandbox: Sandbox) -> Iterator[None]:
         yield
     finally:
         lws.uninstall(sandbox)
+        moe_operator.restart()
 
 
 @pytest.mark.cluster
