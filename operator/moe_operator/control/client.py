@@ -6,6 +6,7 @@ byte cap, and a failure is a short string for status, never an exception that st
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Mapping
@@ -78,12 +79,9 @@ class RuntimeClient:
                 if resp.status_code != 200:
                     raise RuntimeAnswerError(f"HTTP {resp.status_code}")
                 body = bytearray()
-                for chunk in resp.iter_bytes():
-                    body += chunk
-                    if len(body) > max_bytes:
-                        raise RuntimeAnswerError(f"answer larger than {max_bytes} bytes")
-                    if self._late(started):
-                        raise RuntimeAnswerError(f"answer took longer than {4 * self._deadline_s:.0f}s")
+                cut = self._read(resp, body, max_bytes, started)
+                if cut:
+                    raise RuntimeAnswerError(cut)
         except httpx.HTTPError as exc:
             raise RuntimeAnswerError(type(exc).__name__) from exc
         try:
@@ -113,14 +111,17 @@ class RuntimeClient:
     def _refusal(self, resp: httpx.Response, started: float) -> str:
         """The first MAX_REFUSAL_BYTES of a refusal, or what arrived of them before the deadline."""
         body = bytearray()
-        try:
-            for chunk in resp.iter_bytes():
-                body += chunk
-                if len(body) >= MAX_REFUSAL_BYTES or self._late(started):
-                    break
-        except httpx.HTTPError:
-            pass  # the status is the answer; its reason is a courtesy
+        with contextlib.suppress(httpx.HTTPError):  # the status is the answer; its reason is a courtesy
+            self._read(resp, body, MAX_REFUSAL_BYTES, started)
         return body[:MAX_REFUSAL_BYTES].decode(errors="replace")
 
-    def _late(self, started: float) -> bool:
-        return time.monotonic() - started > 4 * self._deadline_s
+    def _read(self, resp: httpx.Response, body: bytearray, max_bytes: int, started: float) -> str | None:
+        """Append the answer's body to ``body``; stop early past ``max_bytes`` or the deadline and
+        say which (None: the whole body arrived in time)."""
+        for chunk in resp.iter_bytes():
+            body += chunk
+            if len(body) > max_bytes:
+                return f"answer larger than {max_bytes} bytes"
+            if time.monotonic() - started > 4 * self._deadline_s:
+                return f"answer took longer than {4 * self._deadline_s:.0f}s"
+        return None
