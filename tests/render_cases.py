@@ -17,6 +17,7 @@ def gb200_decode_spec(mode: str = "operator") -> MoEDeploymentSpec:
     """Two decode instances of 4 GB200 nodes (EP16), no prefill."""
     obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-gb200.yaml").read_text())
     obj["spec"].pop("prefill")
+    obj["spec"]["topology"]["rdmaResourceName"] = "rdma/ib"  # EP16 normal kernels on GB200 need RDMA
     obj["spec"]["decode"].update({"replicas": 2, "nodesPerReplica": 4, "attentionDataParallel": 16})
     obj["spec"]["eplb"].update({"mode": mode, "redundantExperts": 16})
     return MoEDeploymentSpec.model_validate(obj["spec"])

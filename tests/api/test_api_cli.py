@@ -37,8 +37,9 @@ def test_generate_then_check_then_drift(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_validate_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    example = str(ROOT / "examples" / "deepseek-v3-pd-h100.yaml")
-    # The example uses hostNetwork: refused under the safe defaults, admitted where the platform grants it.
+    example = str(ROOT / "examples" / "qwen3-235b-fp8-pd-h200-roce.yaml")
+    # The example's hardware profile (h200-roce) puts its pods on the host network: refused under the
+    # safe defaults, admitted where the platform grants it, as if the spec had said so itself.
     assert run("crds", "validate", example) == 1
     assert "spec.topology.hostNetwork: the platform does not allow" in capsys.readouterr().out
     policy = tmp_path / "values.yaml"

@@ -74,7 +74,7 @@ def test_render_group_backend_and_runtime_image(capsys: pytest.CaptureFixture[st
     example = str(REPO / "examples" / "deepseek-v3-gb200.yaml")
     objects = render(capsys, "-f", example, "--group-backend", "LeaderWorkerSet", "--runtime-image", "rt:1")
     kinds = [o["kind"] for o in objects]
-    assert "StatefulSet" not in kinds and kinds.count("LeaderWorkerSet") == 3
+    assert "StatefulSet" not in kinds and kinds.count("LeaderWorkerSet") == 4
     assert "rt:1" in json.dumps(objects)
 
 
@@ -113,7 +113,7 @@ def test_render_refuses_an_invalid_spec(tmp_path: Path, capsys: pytest.CaptureFi
 def test_render_applies_the_platform_policy(capsys: pytest.CaptureFixture[str]) -> None:
     """The same grants as the operator's: refused under the defaults (the message points at
     --policy), admitted with the examples' grants, refused again in a namespace they do not cover."""
-    example = str(REPO / "examples" / "deepseek-v3-pd-h100.yaml")
+    example = str(REPO / "examples" / "qwen3-235b-fp8-pd-h200-roce.yaml")  # hostNetwork from its profile
     assert main(["render", "-f", example]) == 1
     err = capsys.readouterr().err
     assert "spec.topology.hostNetwork" in err and "see --policy" in err

@@ -46,7 +46,8 @@ def test_examples_need_only_the_documented_platform_grants() -> None:
         assert validate(spec, policy=None) == [], "policy=None leaves the platform rules out"
     assert refused == {
         "deepseek-v3-gb200": ["spec.model.volume.hostPath.path"],
-        "deepseek-v3-pd-h100": ["spec.topology.hostNetwork"],
+        "deepseek-v3-pd-h100": [],
+        "qwen3-235b-fp8-pd-h200-roce": ["spec.topology.hostNetwork"],
         "qwen3-30b-a3b-single-node": [],
     }
 

@@ -56,6 +56,7 @@ def test_control_loop_balances_each_instance(
     obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-gb200.yaml").read_text())
     name = obj["metadata"]["name"]
     obj["spec"].pop("prefill")
+    obj["spec"]["topology"]["rdmaResourceName"] = "rdma/ib"  # EP16 normal kernels on GB200 need RDMA
     # the claim the `deployed` fixture binds (a host path is not a volume tenants may use)
     obj["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
     obj["spec"]["decode"].update({"replicas": 2, "nodesPerReplica": 4, "attentionDataParallel": 16})

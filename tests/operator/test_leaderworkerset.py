@@ -47,6 +47,8 @@ def _spec(backend: str) -> dict[str, object]:
     obj = example("deepseek-v3-gb200.yaml")
     obj["metadata"]["name"] = "lws"
     obj["spec"].pop("prefill")
+    obj["spec"]["topology"]["rdmaResourceName"] = "rdma/ib"  # EP16 normal kernels on GB200 need RDMA
+
     obj["spec"]["decode"].update({"replicas": 2, "nodesPerReplica": 4, "attentionDataParallel": 16})
     obj["spec"]["eplb"]["redundantExperts"] = 16
     obj["spec"]["topology"]["groupBackend"] = backend

@@ -190,6 +190,7 @@ def test_group_semantics_kill_pod_and_lose_node(api: httpx.Client, deployed: str
     name = obj["metadata"]["name"]
     # Two decode instances of 4 nodes (TP 4 inside a node; EP 16) and no prefill: fast to check.
     obj["spec"].pop("prefill")
+    obj["spec"]["topology"]["rdmaResourceName"] = "rdma/ib"  # EP16 normal kernels on GB200 need RDMA
     obj["spec"]["decode"].update({"replicas": 2, "nodesPerReplica": 4, "attentionDataParallel": 16})
     obj["spec"]["eplb"]["redundantExperts"] = 16
     assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"

@@ -21,6 +21,7 @@ import yaml
 
 from moe_contract import pod as P
 from moe_operator.cli import run as run_cli
+from moe_operator.recipe import startup_timeout_s
 from moe_operator.render.group import RuntimeSettings
 from moe_operator.render.network import (
     NetworkSettings,
@@ -135,9 +136,10 @@ def test_engine_ports_are_the_contracts_and_probes_use_the_probe_listener(exampl
             assert probe["httpGet"] == {"path": path, "port": P.PROBE_PORT_NAME}, kind
             assert probe["timeoutSeconds"] >= 2 and probe["periodSeconds"] >= probe["timeoutSeconds"], kind
             assert probe["failureThreshold"] >= 2, kind
-        # the start-up budget is spec.engine.startupTimeout (default 30m), in probe periods
+        # the start-up budget is spec.engine.startupTimeout, in probe periods (unset: 60m for the
+        # multi-node FP8 block-quantised examples, which compile DeepGEMM kernels on a cold start)
         startup = engine["startupProbe"]
-        assert startup["periodSeconds"] * startup["failureThreshold"] == 30 * 60
+        assert startup["periodSeconds"] * startup["failureThreshold"] == startup_timeout_s(spec)
         # a hung runtime restarts the group after a minute of failed liveness probes, not sooner
         live = engine["livenessProbe"]
         assert live["periodSeconds"] * live["failureThreshold"] >= 60

@@ -103,13 +103,15 @@ def test_engine_pods_drop_every_capability_but_ipc_lock_for_rdma(example: str) -
         added = set(sc["capabilities"].get("add", []))
         assert added <= ALLOWED_CAPABILITIES
         assert added == ({"IPC_LOCK"} if engine_needs_ipc_lock(spec) else set())
-    # Only the RDMA example (rdma/ib, Mooncake over InfiniBand) needs IPC_LOCK.
-    assert engine_needs_ipc_lock(spec) == (example == "deepseek-v3-pd-h100.yaml")
+    # The P/D examples move KV with Mooncake (RDMA unless forced onto TCP) or have RDMA NICs in the
+    # pod (h100-ib, h200-roce profiles): IPC_LOCK; the single-node example needs nothing pinned.
+    assert engine_needs_ipc_lock(spec) == (example != "qwen3-30b-a3b-single-node.yaml")
 
 
 def _spec(**changes: Any) -> MoEDeploymentSpec:
     data = example_spec("deepseek-v3-pd-h100.yaml").model_dump(by_alias=True, exclude_none=True)
     data["topology"].pop("rdmaResourceName")
+    data["topology"].pop("hardware")  # else its profile fills rdmaResourceName back in
     data["kvTransfer"] = {"backend": "nixl"}
     for key, value in changes.items():
         if value is None:

@@ -34,6 +34,7 @@ REFRESH_S = 10
 def _spec(name: str) -> dict[str, Any]:
     obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-gb200.yaml").read_text())
     obj["metadata"]["name"] = name
+    obj["spec"]["topology"]["rdmaResourceName"] = "rdma/ib"  # EP16 normal kernels on GB200 need RDMA
     obj["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
     obj["spec"]["eplb"].update(
         {

@@ -22,7 +22,12 @@ def test_plan_gb200_example_uses_one_clique_per_instance(capsys: pytest.CaptureF
     out = json.loads(capsys.readouterr().out)
     assert not out["waiting"]
     decode = [p for p in out["placements"] if p["pool"] == "decode"]
-    assert [(p["kind"], len(p["nodes"])) for p in decode] == [("nvlink", 18)]
+    assert [(p["kind"], len(p["nodes"])) for p in decode] == [("nvlink", 12)]
+    # No RDMA NIC in the pods (gb200-nvl72): the KV cache moves over NVLink only inside one rack, so
+    # the three 2-tray prefill instances fill the rest of the decode instance's rack.
+    prefill = [p for p in out["placements"] if p["pool"] == "prefill"]
+    assert [(p["kind"], len(p["nodes"])) for p in prefill] == [("nvlink", 2)] * 3
+    assert {p["domain"] for p in out["placements"]} == {decode[0]["domain"]}
 
 
 def test_plan_reports_waiting_with_exit_code_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

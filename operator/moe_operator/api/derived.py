@@ -51,6 +51,8 @@ def architecture_from_spec(name: str, arch: ModelArchitecture) -> MoEArchitectur
             qk_rope_head_dim=attention.qk_rope_head_dim or 0,
         ),
         native_dtype=arch.native_dtype,
+        intermediate_size=arch.dense_intermediate_size or 0,
+        fp8_block=(arch.fp8_block_size[0], arch.fp8_block_size[1]) if arch.fp8_block_size else None,
     )
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, model_validator
 
 from moe_contract.engine import EplbMode
 
+from ..hardware import lookup_profile
 from .base import APIObject, cel, rules, section
 from .types import Duration, DurationRange, EmbeddedObject, LabelKey, ParamCount, Quantity
 
@@ -22,6 +23,7 @@ IBDevice = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]+$", max_l
 LabelValue = Annotated[str, StringConstraints(max_length=63)]
 
 DEFAULT_IMAGE = "lmsysorg/sglang:v0.5.23"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
 
 
 # --------------------------------------------------------------------------- model
@@ -137,6 +139,21 @@ class ModelArchitecture(APIObject):
     native_dtype: Literal["bf16", "fp16", "fp8", "fp4"] = Field(
         default="bf16",
         description="Precision of the published checkpoint; used when spec.model.dtype is auto.",
+    )
+    dense_intermediate_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_048_576,
+        description="Width of the dense FFN layers (config.json intermediate_size; 18432 for DeepSeek-V3). "
+        "With denseLayers and an FP8 block-quantised checkpoint, the operator checks that the dense FFN's "
+        "tensor-parallel split keeps whole blocks on every GPU, as SGLang does at weight load.",
+    )
+    fp8_block_size: list[Annotated[int, Field(ge=1, le=4096)]] | None = Field(
+        default=None,
+        min_length=2,
+        max_length=2,
+        description="Block of an FP8 block-quantised checkpoint, [rows, columns] (config.json "
+        "quantization_config.weight_block_size; [128, 128] for DeepSeek-V3). Unset: not block-quantised.",
     )
     attention: AttentionArchitecture = Field(
         description="Attention shape, which sets the KV cache bytes per token."
@@ -284,17 +301,41 @@ class EngineSpec(APIObject):
         description="Size of the memory-backed /dev/shm of each engine pod (NCCL and DeepEP use it), "
         "a Kubernetes quantity such as 64Gi. It counts against the pod's memory.",
     )
-    startup_timeout: Annotated[Duration, DurationRange("1m", "4h")] = Field(
-        default="30m",
+    startup_timeout: Annotated[Duration, DurationRange("1m", "4h")] | None = Field(
+        default=None,
         description="How long a pod group may take from scheduling to every rank being ready (weights "
-        "loaded, DeepEP and CUDA graphs initialised) before the operator restarts the whole group, as a "
-        "duration such as 30m. Ranks of one NCCL/DeepEP world cannot rejoin singly, so a hung start "
-        "always restarts the group. From 1m (no engine loads its weights and initialises faster, "
-        "so less would restart every group in a loop) to 4h (a hung group holds whole GPU nodes that long).",
+        "loaded, DeepGEMM kernels compiled, DeepEP and CUDA graphs initialised) before the operator "
+        "restarts the whole group, as a duration such as 30m. Ranks of one NCCL/DeepEP world cannot "
+        "rejoin singly, so a hung start always restarts the group. Unset: 60m for a multi-node "
+        "instance of an FP8 block-quantised model (a cold start compiles DeepGEMM kernels; public "
+        "wide-EP deployments allow 45 to 100 minutes), else 30m. From 1m (no engine loads its weights "
+        "and initialises faster, so less would restart every group in a loop) to 4h (a hung group "
+        "holds whole GPU nodes that long).",
     )
 
 
 # --------------------------------------------------------------------------- topology
+
+
+def _no_crd_default(extra: dict[str, Any] | None = None) -> Any:
+    """Schema hook: the CRD gets no default for this field, so a spec that leaves it out stays without
+    it and spec.topology.hardware can supply it (the Python default applies when neither does)."""
+
+    def hook(schema: dict[str, Any]) -> None:
+        schema.pop("default", None)
+        schema.update(extra or {})
+
+    return hook
+
+
+PROFILE_FIELDS = {
+    "gpusPerNode": "gpus_per_node",
+    "gpuMemory": "gpu_memory",
+    "nvlinkDomainSize": "nvlink_domain_size",
+    "hostNetwork": "host_network",
+    "rdmaResourceName": "rdma_resource_name",
+}
+"""Topology fields a hardware profile fills in when the spec leaves them out (wire name -> profile field)."""
 
 
 class TopologySpec(APIObject):
@@ -302,12 +343,30 @@ class TopologySpec(APIObject):
 
     model_config = rules(
         cel(
-            "!has(self.nvlinkDomainSize) || self.nvlinkDomainSize % self.gpusPerNode == 0",
+            "!has(self.nvlinkDomainSize) || !has(self.gpusPerNode) || self.nvlinkDomainSize % self.gpusPerNode == 0",
             "spec.topology.nvlinkDomainSize must be a whole number of nodes: set it to a multiple of spec.topology.gpusPerNode",
             ".nvlinkDomainSize",
         )
     )
 
+    hardware: LabelValue | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Hardware profile of the nodes (h100-ib, h100-roce, h200-ib, h200-roce, b200-ib, "
+        "gb200-nvl72, or one the platform adds): fills in gpusPerNode, gpuMemory, nvlinkDomainSize, "
+        "hostNetwork, rdmaResourceName and the GPU nodeSelector where the spec leaves them out, and "
+        "gives the recipe its fabric facts (environment, two-batch overlap, DeepEP limits, batch per "
+        "rank). docs/recipes.md lists each profile and the source of every value. Immutable.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self == oldSelf",
+                    "spec.topology.hardware is immutable: every pod group is shaped by it; create a new "
+                    "MoEDeployment for other hardware",
+                )
+            ]
+        },
+    )
     gpus_per_node: int = Field(
         default=8,
         ge=1,
@@ -315,21 +374,25 @@ class TopologySpec(APIObject):
         description="GPUs of each node, all given to the one engine pod that runs there (8 on "
         "H100/H200/B200 nodes, 4 on GB200 trays). An instance's GPU world, and so its EP size, is "
         "nodesPerReplica x gpusPerNode. Immutable: every group's shape depends on it. At most 16, the "
-        "most GPUs any node has.",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "self == oldSelf",
-                    "spec.topology.gpusPerNode is immutable: every pod group is shaped by it; "
-                    "create a new MoEDeployment for other nodes",
-                )
-            ]
-        },
+        "most GPUs any node has. Default: the hardware profile's, else 8.",
+        json_schema_extra=_no_crd_default(
+            {
+                "x-kubernetes-validations": [
+                    cel(
+                        "self == oldSelf",
+                        "spec.topology.gpusPerNode is immutable: every pod group is shaped by it; "
+                        "create a new MoEDeployment for other nodes",
+                    )
+                ]
+            }
+        ),
     )
     gpu_memory: Quantity = Field(
         default="80Gi",
         description="Memory of one GPU, a Kubernetes quantity (80Gi for H100, 141Gi for H200, 184Gi "
-        "for GB200). Admission checks that each instance's weights plus a minimal KV cache fit.",
+        "for GB200). Admission checks that each instance's weights plus a minimal KV cache fit. "
+        "Default: the hardware profile's, else 80Gi.",
+        json_schema_extra=_no_crd_default(),
     )
     gpu_resource_name: Name = Field(
         default="nvidia.com/gpu", description="Extended resource name the engine pods request GPUs by."
@@ -377,13 +440,33 @@ class TopologySpec(APIObject):
     host_network: bool = Field(
         default=False,
         description="Run engine pods in the host network namespace, as many RDMA/RoCE setups need for "
-        "DeepEP and KV transfer. Ports must then be free on the node.",
+        "DeepEP and KV transfer. Ports must then be free on the node. Default: the hardware "
+        "profile's, else false.",
+        json_schema_extra=_no_crd_default(),
     )
     rdma_resource_name: Name | None = Field(
         default=None,
         description="Extended resource for RDMA NICs requested once per engine pod (for example rdma/ib "
-        "or rdma/rdma_shared_device_a); unset requests none.",
+        "or rdma/rdma_shared_device_a); unset requests none (or the hardware profile's).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_hardware(cls, data: Any) -> Any:
+        """Fields the spec leaves out come from its hardware profile (an unknown name is refused here,
+        naming the known ones)."""
+        if not isinstance(data, dict) or not data.get("hardware"):
+            return data
+        profile = lookup_profile(str(data["hardware"]))
+        filled = dict(data)
+        for wire, attr in PROFILE_FIELDS.items():
+            if wire not in filled and attr not in filled:
+                value = getattr(profile, attr)
+                if value is not None:
+                    filled[wire] = value
+        if not filled.get("nodeSelector") and not filled.get("node_selector"):
+            filled["nodeSelector"] = {GPU_PRODUCT_LABEL: profile.gpu_product}
+        return filled
 
 
 # --------------------------------------------------------------------------- pools

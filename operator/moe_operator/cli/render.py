@@ -62,6 +62,12 @@ def register(subparsers: Any) -> None:
         help="the operator's --runtime-image (default: the operator's default)",
     )
     p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="print every engine setting the recipe derives for each pool, with its rule and source, "
+        "and the recipe's warnings, instead of the objects",
+    )
     add_network_flags(p)  # the operator's --network-policy ... flags, with its defaults
     p.set_defaults(func=_render)
 
@@ -87,6 +93,15 @@ def _render(args: argparse.Namespace) -> int:
     spec, code = admit(args, raw_spec, namespace)
     if spec is None:
         return code
+    if args.explain:
+        from moe_operator.recipe.explain import explain
+
+        sys.stdout.write(explain(spec))
+        return 0
+    from moe_operator.validation import warnings
+
+    for warning in warnings(raw_spec):
+        print(f"warning: {warning}", file=sys.stderr)
     owner = Owner(
         name, namespace, str(uuid.uuid5(uuid.NAMESPACE_URL, f"moe.inference.dev/{namespace}/{name}"))
     )

@@ -13,7 +13,7 @@ from typing import Any
 import kopf
 
 from moe_operator.handlers.state import operator_of
-from moe_operator.validation import validate
+from moe_operator.validation import validate, warnings
 
 GROUP = "moe.inference.dev"
 RESOURCE = "moedeployments"
@@ -36,3 +36,6 @@ async def validate_moedeployment(spec: kopf.Spec, memo: kopf.Memo, **kwargs: Any
     problems = validate(dict(spec), old_spec, operator_of(memo).platform, namespace)
     if problems:
         raise kopf.AdmissionError("; ".join(str(p) for p in problems), code=422)
+    sink = kwargs.get("warnings")
+    if isinstance(sink, list):  # kopf returns these as the admission response's warnings
+        sink.extend(warnings(dict(spec)))

@@ -62,6 +62,20 @@ class MoEArchitecture:
     vocab_size: int = 0
     max_context: int = 0  # max_position_embeddings
     aliases: tuple[str, ...] = field(default=())
+    intermediate_size: int = 0  # intermediate_size: width of the dense FFN layers (0 = not known)
+    fp8_block: tuple[int, int] | None = None  # quantization_config.weight_block_size of the fp8 checkpoint
+
+    def dense_tp_fits(self, tp: int) -> bool:
+        """Whether the dense FFN split over ``tp`` GPUs keeps whole FP8 blocks on each: SGLang 0.5.23
+        refuses the split at weight load otherwise (layers/quantization/fp8.py,
+        Fp8LinearMethod.validate_block_quant_shapes). True when nothing is known to break."""
+        if self.dense_layers == 0 or self.fp8_block is None or not self.intermediate_size or tp <= 1:
+            return True
+        if self.intermediate_size % tp:
+            return False
+        block_n, block_k = self.fp8_block
+        shard = self.intermediate_size // tp
+        return shard % block_n == 0 and shard % block_k == 0
 
     @property
     def moe_layers(self) -> int:

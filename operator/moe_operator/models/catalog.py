@@ -2,6 +2,9 @@
 
 Numbers are the published config.json values; total/active parameters are the model
 cards' figures (checked against the sum over config.json: DeepSeek-V3 comes to 671.0B).
+``intermediate_size`` and ``fp8_block`` (quantization_config.weight_block_size) are read from
+the published config.json of the model (and of its FP8 checkpoint), as DeepSeek's own
+inference config (inference/configs/config_671B.json: inter_dim 18432) also states for V3.
 Add a model here, or describe it in ``spec.model.architecture``.
 """
 
@@ -33,6 +36,8 @@ def _deepseek_v3_like(name: str, aliases: tuple[str, ...]) -> MoEArchitecture:
         vocab_size=129280,
         max_context=163840,
         aliases=aliases,
+        intermediate_size=18432,
+        fp8_block=(128, 128),
     )
 
 
@@ -79,6 +84,8 @@ CATALOG: tuple[MoEArchitecture, ...] = (
         vocab_size=163840,
         max_context=131072,
         aliases=("kimi-k2", "kimi-k2-instruct", "moonshotai/Kimi-K2-Base"),
+        intermediate_size=18432,
+        fp8_block=(128, 128),
     ),
     MoEArchitecture(
         name="Qwen/Qwen3-235B-A22B",
@@ -95,6 +102,26 @@ CATALOG: tuple[MoEArchitecture, ...] = (
         vocab_size=151936,
         max_context=40960,
         aliases=("qwen3-235b-a22b", "qwen3-235b", "Qwen/Qwen3-235B-A22B-Instruct-2507"),
+        intermediate_size=12288,
+    ),
+    MoEArchitecture(
+        name="Qwen/Qwen3-235B-A22B-FP8",
+        layers=94,
+        dense_layers=0,
+        routed_experts=128,
+        shared_experts=0,
+        experts_per_token=8,
+        hidden_size=4096,
+        moe_intermediate_size=1536,
+        total_params=235_000_000_000,
+        active_params=22_000_000_000,
+        attention=Attention(kind="GQA", num_heads=64, kv_heads=4, head_dim=128),
+        native_dtype="fp8",
+        vocab_size=151936,
+        max_context=40960,
+        aliases=("qwen3-235b-a22b-fp8", "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8"),
+        intermediate_size=12288,
+        fp8_block=(128, 128),
     ),
     MoEArchitecture(
         name="Qwen/Qwen3-30B-A3B",
@@ -111,6 +138,7 @@ CATALOG: tuple[MoEArchitecture, ...] = (
         vocab_size=151936,
         max_context=40960,
         aliases=("qwen3-30b-a3b", "qwen3-30b", "Qwen/Qwen3-30B-A3B-Instruct-2507"),
+        intermediate_size=6144,
     ),
     MoEArchitecture(
         name="mistralai/Mixtral-8x7B-v0.1",
@@ -127,6 +155,7 @@ CATALOG: tuple[MoEArchitecture, ...] = (
         vocab_size=32000,
         max_context=32768,
         aliases=("mixtral-8x7b", "mistralai/Mixtral-8x7B-Instruct-v0.1"),
+        intermediate_size=14336,
     ),
     MoEArchitecture(
         name="mistralai/Mixtral-8x22B-v0.1",

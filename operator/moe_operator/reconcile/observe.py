@@ -10,8 +10,8 @@ from typing import Any
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import pool_layout, pools
-from moe_operator.api.types import parse_duration
 from moe_operator.lifecycle import GroupState, PodState
+from moe_operator.recipe import startup_timeout_s
 from moe_operator.render import labels as L
 from moe_operator.topology.planner import InstanceSite, TopologyPlan
 from moe_operator.topology.snapshot import NodeInfo, node_from_object
@@ -134,7 +134,7 @@ def group_states(
                 pods=tuple(sorted(by_instance.get(site.key, []), key=lambda p: p.rank)),
                 members=frozenset(filter(None, ann.get(K.GROUP_MEMBERS, "").split(","))),
                 moved=old is not None and old.nodes != site.nodes,
-                unready_limit_s=parse_duration(spec.engine.startup_timeout),
+                unready_limit_s=startup_timeout_s(spec),
             )
         )
     return out

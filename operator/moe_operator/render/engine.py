@@ -7,7 +7,8 @@ from typing import Any, Literal
 from moe_contract.engine import EngineConfig, EplbMode
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.derived import Pool, pool_layout, pools, resolve_architecture
-from moe_operator.api.types import parse_duration
+from moe_operator.recipe import effective_args, pool_context, startup_timeout_s
+from moe_operator.recipe.derive import effective_deepep_mode
 
 
 def role(spec: MoEDeploymentSpec, pool: Pool) -> Literal["prefill", "decode", "standalone"]:
@@ -32,7 +33,8 @@ def engine_config(spec: MoEDeploymentSpec, pool: Pool) -> dict[str, Any]:
     layout = pool_layout(p, spec.topology)
     arch = resolve_architecture(spec.model)
     mode = eplb_mode(spec, pool)
-    extra, trust_remote_code, load_format = _lift_runtime_flags([*spec.engine.extra_args, *p.extra_args])
+    # The recipe's flags first, then the user's (which replace any recipe flag of the same dest).
+    extra, trust_remote_code, load_format = _lift_runtime_flags(effective_args(spec, pool))
     a2a = p.all_to_all_backend if layout.expert_parallel else "none"
     cfg: dict[str, Any] = {
         "schemaVersion": 1,
@@ -44,7 +46,7 @@ def engine_config(spec: MoEDeploymentSpec, pool: Pool) -> dict[str, Any]:
             "gpusPerNode": layout.gpus_per_node,
             "attnDp": layout.attention_dp,
             "a2aBackend": a2a,
-            **({"deepepMode": p.deepep_mode} if a2a == "deepep" else {}),
+            **({"deepepMode": effective_deepep_mode(pool_context(spec, pool))} if a2a == "deepep" else {}),
         },
         "eplb": {
             "mode": mode,
@@ -68,10 +70,21 @@ def engine_config(spec: MoEDeploymentSpec, pool: Pool) -> dict[str, Any]:
         "kvCacheDtype": spec.model.kv_cache_dtype,
         **({"loadFormat": load_format} if load_format else {}),
         "extraArgs": extra,
-        "graceSeconds": max(parse_duration(spec.engine.startup_timeout) / 10, 30.0),
+        "drainSeconds": DRAIN_SECONDS,
+        "graceSeconds": grace_seconds(spec),
     }
     # The runtime's model is the contract: refuse here what the launcher would refuse in the pod.
     return EngineConfig.model_validate(cfg).model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+DRAIN_SECONDS = 5.0
+"""Not-ready time before SIGTERM reaches SGLang: routers stop sending first."""
+
+
+def grace_seconds(spec: MoEDeploymentSpec) -> float:
+    """The launcher's SIGTERM-to-SIGKILL for the engine: a tenth of the start-up allowance, 30 s to
+    180 s (SGLang drains its requests, then gives its processes 15 s and waits at most 60 s more)."""
+    return min(max(startup_timeout_s(spec) / 10, 30.0), 180.0)
 
 
 def _lift_runtime_flags(args: list[str]) -> tuple[list[str], bool, str | None]:

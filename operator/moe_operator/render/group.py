@@ -15,8 +15,9 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import Pool, pool_layout, pools
 from moe_operator.api.names import API_VERSION, KIND
-from moe_operator.api.types import parse_duration
+from moe_operator.recipe import effective_env, startup_timeout_s
 from moe_operator.render import labels as L
+from moe_operator.render.engine import DRAIN_SECONDS, grace_seconds
 from moe_operator.render.network import NetworkSettings
 from moe_operator.topology.planner import InstanceSite
 
@@ -197,7 +198,7 @@ def engine_probes(spec: MoEDeploymentSpec) -> dict[str, Any]:
     and liveness on /healthz (the runtime's event loop runs), readiness on /readyz (this rank's
     engine answers). Every probe states its period, timeout and failure threshold: the kubelet's
     default timeout is 1 s. The start-up probe allows spec.engine.startupTimeout."""
-    startup_periods = max(int(parse_duration(spec.engine.startup_timeout) // PROBE_PERIOD_S), 1)
+    startup_periods = max(int(startup_timeout_s(spec) // PROBE_PERIOD_S), 1)
 
     def probe(path: str, period: int, failures: int) -> dict[str, Any]:
         return {
@@ -212,6 +213,16 @@ def engine_probes(spec: MoEDeploymentSpec) -> dict[str, Any]:
         "readinessProbe": probe(P.READINESS_PATH, READINESS_PERIOD_S, READINESS_FAILURES),
         "livenessProbe": probe(P.LIVENESS_PATH, PROBE_PERIOD_S, LIVENESS_FAILURES),
     }
+
+
+TERMINATION_MARGIN_S = 30
+"""Beyond the launcher's own drain and SIGTERM-to-SIGKILL: the runtime's sidecar and log flush."""
+
+
+def termination_grace_seconds(spec: MoEDeploymentSpec) -> int:
+    """The kubelet's grace must outlast the launcher's (drain + grace), or the kubelet kills the engine
+    first and SGLang's drain is cut short."""
+    return int(DRAIN_SECONDS + grace_seconds(spec) + TERMINATION_MARGIN_S)
 
 
 def leader_address(owner: Owner, pool: str, index: int) -> str:
@@ -279,6 +290,7 @@ def pod_template(
         _field_env(P.ENV_POD_IP, "status.podIP"),
         _field_env(P.ENV_POD_NAME, "metadata.name"),
         _env(P.ENV_ENGINE_CONFIG, P.DEFAULT_CONFIG_PATH),
+        *effective_env(spec, pool),  # the recipe's (fabric, DeepEP cap), unless spec.engine.env sets them
         *copy.deepcopy(spec.engine.env),
     ]
     affinity_terms = [
@@ -296,7 +308,7 @@ def pod_template(
             **SECCOMP_RUNTIME_DEFAULT,
             **_sysctls(low_port_sysctls([int(p["containerPort"]) for p in ports], topo.host_network)),
         },
-        "terminationGracePeriodSeconds": 120,
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "enableServiceLinks": False,
         "affinity": {
             "nodeAffinity": {

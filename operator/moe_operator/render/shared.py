@@ -14,7 +14,7 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import Pool, pools
 from moe_operator.api.spec import PoolSpec
-from moe_operator.api.types import parse_duration
+from moe_operator.recipe import router_role_policies, startup_timeout_s
 from moe_operator.render import labels as L
 from moe_operator.render.engine import engine_config
 from moe_operator.render.group import (
@@ -128,7 +128,7 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
         p = pools(spec)[pool]
         return [f"http://{leader_address(owner, pool, i)}:{port}" for i in range(p.replicas)]
 
-    startup = math.ceil(parse_duration(spec.engine.startup_timeout))
+    startup = math.ceil(startup_timeout_s(spec))
     args = ["--host", "0.0.0.0", "--port", str(r.port), "--policy", r.policy, "--prometheus-port", "29000"]
     args += ["--worker-startup-timeout-secs", str(startup)]
     # Worker health by SGLang's cheap /ready: the router's default /health makes SGLang 0.5.23
@@ -136,6 +136,7 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
     args += ["--health-check-endpoint", "/ready"]
     if spec.prefill is not None:
         args.append("--pd-disaggregation")
+        args += router_role_policies(spec)
         for url in urls("prefill"):
             args += ["--prefill", url, str(spec.kv_transfer.bootstrap_port)]
         for url in urls("decode"):

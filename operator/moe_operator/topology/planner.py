@@ -44,6 +44,7 @@ class TopologyPolicy:
     rack_label: str = "topology.kubernetes.io/zone"
     zone_label: str = "topology.kubernetes.io/zone"
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    colocate_pools: bool = False  # the pools' instances share a domain (KV moves over NVLink only)
 
 
 @dataclass(frozen=True)
@@ -213,13 +214,10 @@ def _place_one(
         kind_rank = {"nvlink": 0, "rack": 1, "node": 0}[d.kind]
         zones = {_zone(n.labels, policy) for n in d.nodes}
         near_other = 0 if not other_zones or zones & other_zones else 1
-        return (
-            kind_rank,
-            same_pool[(d.kind, d.name)],
-            near_other,
-            len(d.nodes) - req.nodes_per_instance,
-            d.name,
-        )
+        spread = same_pool[(d.kind, d.name)]
+        # Co-placed pools: beside the other pool first, spreading one pool's instances second.
+        first, second = (near_other, spread) if policy.colocate_pools else (spread, near_other)
+        return (kind_rank, first, second, len(d.nodes) - req.nodes_per_instance, d.name)
 
     best = min(fitting, key=score)
     chosen = sorted(best.nodes, key=lambda n: (n.free_gpus - req.gpus_per_node, n.name))[

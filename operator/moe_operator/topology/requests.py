@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.derived import pool_layout, pools
+from moe_operator.recipe import kv_needs_one_domain
 from moe_operator.topology.planner import PoolRequest, TopologyPolicy
 
 
@@ -26,5 +27,8 @@ def pool_requests(spec: MoEDeploymentSpec) -> list[PoolRequest]:
 def topology_policy(spec: MoEDeploymentSpec) -> TopologyPolicy:
     t = spec.topology
     return TopologyPolicy(
-        nvlink_label=t.nvlink_domain_label, rack_label=t.rack_label, node_selector=dict(t.node_selector)
+        nvlink_label=t.nvlink_domain_label,
+        rack_label=t.rack_label,
+        node_selector=dict(t.node_selector),
+        colocate_pools=kv_needs_one_domain(spec),
     )

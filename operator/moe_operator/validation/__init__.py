@@ -22,6 +22,7 @@ from .platform import DEFAULT_POLICY, PlatformPolicy, PolicyError
 from .pod_rules import check_env, check_host_network, check_model_volume, check_resources, check_tolerations
 from .pool_rules import check_attention, check_backend, check_expert_slots, check_topology
 from .problem import Problem
+from .recipe_rules import check_recipe, recipe_warnings
 from .schema import parse_spec
 from .update_rules import check_update
 
@@ -77,6 +78,7 @@ RULES: tuple[Rule, ...] = (
     _host_network,
     _spec_only(check_ports),
     _spec_only(check_eplb),
+    _spec_only(check_recipe),
 )
 
 
@@ -102,9 +104,15 @@ def validate(
     return _unique(problems)
 
 
+def warnings(spec: Mapping[str, Any]) -> list[str]:
+    """What admits but loses throughput, each with its fix (admission warnings, render --explain)."""
+    parsed, _ = parse_spec(spec)
+    return [] if parsed is None else recipe_warnings(parsed)
+
+
 def _unique(problems: list[Problem]) -> list[Problem]:
     """Drop repeats (two rules may spot the same thing), keeping the first order."""
     return list(dict.fromkeys(problems))
 
 
-__all__ = ["RULES", "PlatformPolicy", "PolicyError", "Problem", "Tenancy", "validate"]
+__all__ = ["RULES", "PlatformPolicy", "PolicyError", "Problem", "Tenancy", "validate", "warnings"]
