@@ -283,7 +283,8 @@ def test_low_ports_use_the_unprivileged_port_sysctl_not_a_capability() -> None:
     assert pod["securityContext"]["sysctls"] == [
         {"name": "net.ipv4.ip_unprivileged_port_start", "value": "443"}
     ]
-    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # no NET_BIND_SERVICE for the low port (IPC_LOCK only for the RDMA NICs this spec asks for)
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
     # the node's network namespace takes no pod sysctl
     spec.topology.host_network = True
     pod = pod_template(spec, OWNER, "decode", site, RuntimeSettings())
