@@ -25,6 +25,12 @@ SGLANG_VERSION="0.5.23"
 SGLANG_ROUTER_VERSION="0.3.2"
 LIGHT_PACKAGES=(numpy orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic pyzmq tqdm IPython aiohttp)
 ROUTER_PACKAGES=(setproctitle uvicorn fastapi)
+# What SGLang's own server-argument resolution (ServerArgs.resolve_once + check_server_args) imports
+# on CPU: the model config (transformers), and modules the arg hooks reach. tests/runtime/
+# test_recipe_sglang.py runs it on every rendered command. torchvision without deps (it would pull
+# another torch); 0.29.2 is the release built against torch 2.14.1.
+RESOLVE_PACKAGES=(transformers==5.19.0 dill apache-tvm-ffi==0.1.11 sentencepiece compressed-tensors==0.18.0 gguf)
+RESOLVE_NODEPS=(torchvision==0.29.2)
 TEST_PACKAGES=(pytest pytest-timeout)
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -74,6 +80,7 @@ EOF
 key="$( {
     echo "$TORCH_VERSION $SGLANG_VERSION ${LIGHT_PACKAGES[*]} ${TEST_PACKAGES[*]}"
     echo "sglang-router $SGLANG_ROUTER_VERSION ${ROUTER_PACKAGES[*]}"
+    echo "resolve ${RESOLVE_PACKAGES[*]} ${RESOLVE_NODEPS[*]}"
     project_install_surface
     "$python" --version
 } | sha256sum | cut -c1-16)"
@@ -85,6 +92,8 @@ import torch  # noqa: F401
 import sglang.srt.eplb.eplb_algorithms  # noqa: F401
 import sglang.srt.eplb.expert_location  # noqa: F401
 import sglang.srt.plugins.hook_registry  # noqa: F401
+import transformers  # noqa: F401
+import torchvision  # noqa: F401
 import moe_runtime.sglang_plugin  # noqa: F401
 import sglang_router.launch_router  # noqa: F401
 eps = [ep.value for ep in md.entry_points(group="sglang.srt.plugins")]
@@ -116,6 +125,9 @@ log "torch done ($((SECONDS - start)) s)"
 log "installing sglang==$SGLANG_VERSION without dependencies, plus the light packages it needs on CPU"
 "${pip[@]}" install --no-deps "sglang==$SGLANG_VERSION"
 "${pip[@]}" install "${LIGHT_PACKAGES[@]}"
+log "installing what SGLang's argument resolution imports on CPU"
+"${pip[@]}" install "${RESOLVE_PACKAGES[@]}"
+"${pip[@]}" install --no-deps "${RESOLVE_NODEPS[@]}"
 
 log "installing sglang-router==$SGLANG_ROUTER_VERSION without dependencies, plus what it imports"
 "${pip[@]}" install --no-deps "sglang-router==$SGLANG_ROUTER_VERSION"

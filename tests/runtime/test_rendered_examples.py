@@ -28,6 +28,8 @@ import pytest
 import yaml
 from rt_helpers import REPO, free_port, require_sglang, wait_for
 
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.recipe import startup_timeout_s
 from moe_operator.render.shared import ROUTER_LAUNCH
 
 pytestmark = pytest.mark.runtime
@@ -202,12 +204,18 @@ def test_router_command_parses_with_the_router(example: Path) -> None:
     assert args.control_plane_api_keys == []  # the launcher adds the lock, nothing else sets keys
     spec = yaml.safe_load(example.read_text())["spec"]
     assert args.port == spec.get("router", {}).get("port", 8000)
-    assert args.policy == spec["router"]["policy"]
-    assert args.worker_startup_timeout_secs == 30 * 60  # spec.engine.startupTimeout default 30m
+    policy = spec.get("router", {}).get("policy", "cache_aware")
+    assert args.policy == policy
+    # spec.engine.startupTimeout, or the recipe's default for the model and sizes
+    assert args.worker_startup_timeout_secs == startup_timeout_s(MoEDeploymentSpec.model_validate(spec))
     assert args.prometheus_port == 29000
     decode = spec["decode"]["replicas"]
     if spec.get("prefill"):
         assert args.pd_disaggregation
+        # prefill by the spec's policy, decode by load: P/D decode keeps no prefix cache
+        # (power_of_two needs two workers to choose from: the router refuses it over one)
+        decode_policy = "power_of_two" if decode >= 2 else "round_robin"
+        assert (args.prefill_policy, args.decode_policy) == (policy, decode_policy)
         assert len(args.prefill_urls) == spec["prefill"]["replicas"]
         assert all(port == 8998 for _, port in args.prefill_urls)
         assert len(args.decode_urls) == decode
@@ -227,13 +235,14 @@ def test_router_version_check_passes_with_the_pinned_router() -> None:
     assert res.returncode == 1 and "spec.router.image" in res.stderr
 
 
-def test_real_router_serves_what_the_probes_expect(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["qwen3-30b", "qwen3-235b"])  # one worker; P/D with one decode instance
+def test_real_router_serves_what_the_probes_expect(tmp_path: Path, name: str) -> None:
     """The rendered router command runs (listen ports moved to loopback): /liveness 200 at once,
     /readiness 503 while no worker is healthy, where /health (the old probe) already says 200.
     Its control plane is locked: a client cannot register a worker of its own (it would get other
     users' prompts), list the workers, or flush their caches."""
     require_sglang()
-    example = next(p for p in EXAMPLES if "qwen3" in p.name)
+    example = next(p for p in EXAMPLES if name in p.name)
     argv = router_command(render(example, "StatefulSet"))[1:]
     port, metrics = free_port(), free_port()
     moved = {"--host": "127.0.0.1", "--port": str(port), "--prometheus-port": str(metrics)}

@@ -9,7 +9,14 @@ with (derived plus user), refusing what cannot start and warning about what lose
 
 from .checks import Finding, recipe_findings
 from .context import PoolContext, pool_context
-from .derive import derive_pool, effective_args, effective_env, kv_needs_one_domain, router_role_policies
+from .derive import (
+    derive_pool,
+    effective_args,
+    effective_env,
+    kv_needs_one_domain,
+    router_policy,
+    router_role_policies,
+)
 from .setting import Setting
 from .startup import startup_timeout_s
 
@@ -23,6 +30,7 @@ __all__ = [
     "kv_needs_one_domain",
     "pool_context",
     "recipe_findings",
+    "router_policy",
     "router_role_policies",
     "startup_timeout_s",
 ]

@@ -267,6 +267,12 @@ def kv_needs_one_domain(spec: MoEDeploymentSpec) -> bool:
     )
 
 
+def router_policy(policy: str, workers: int) -> str:
+    """sglang-router 0.3.2 refuses to start with power_of_two over fewer than 2 workers ("Power-of-two
+    policy ... requires at least 2 ... workers"): one worker needs no choice, round_robin it is."""
+    return "round_robin" if policy == "power_of_two" and workers < 2 else policy
+
+
 def router_role_policies(spec: MoEDeploymentSpec) -> list[str]:
     """In P/D the router picks a prefill instance by spec.router.policy and a decode instance by load:
     decode keeps no prefix cache (SGLang's P/D decode disables the radix cache), so cache affinity
@@ -276,7 +282,7 @@ def router_role_policies(spec: MoEDeploymentSpec) -> list[str]:
     user = {o.flag.dest for o in resolve(router_catalog(), list(spec.router.extra_args)).occurrences}
     out: list[str] = []
     if "prefill_policy" not in user:
-        out += ["--prefill-policy", spec.router.policy]
+        out += ["--prefill-policy", router_policy(spec.router.policy, spec.prefill.replicas)]
     if "decode_policy" not in user:
-        out += ["--decode-policy", "power_of_two"]
+        out += ["--decode-policy", router_policy("power_of_two", spec.decode.replicas)]
     return out

@@ -14,7 +14,7 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import Pool, pools
 from moe_operator.api.spec import PoolSpec
-from moe_operator.recipe import router_role_policies, startup_timeout_s
+from moe_operator.recipe import router_policy, router_role_policies, startup_timeout_s
 from moe_operator.render import labels as L
 from moe_operator.render.engine import engine_config
 from moe_operator.render.group import (
@@ -129,7 +129,9 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
         return [f"http://{leader_address(owner, pool, i)}:{port}" for i in range(p.replicas)]
 
     startup = math.ceil(startup_timeout_s(spec))
-    args = ["--host", "0.0.0.0", "--port", str(r.port), "--policy", r.policy, "--prometheus-port", "29000"]
+    workers = spec.decode.replicas if spec.prefill is None else spec.prefill.replicas + spec.decode.replicas
+    policy = router_policy(r.policy, workers)
+    args = ["--host", "0.0.0.0", "--port", str(r.port), "--policy", policy, "--prometheus-port", "29000"]
     args += ["--worker-startup-timeout-secs", str(startup)]
     # Worker health by SGLang's cheap /ready: the router's default /health makes SGLang 0.5.23
     # generate a token (1-20 s under load), beyond the router's 5 s health-check timeout.
