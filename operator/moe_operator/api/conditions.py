@@ -46,6 +46,7 @@ class Reason(StrEnum):
     PLACEMENT_REFUSED = "PlacementRefused"
     # events of the reconciler
     MONITORING_SKIPPED = "MonitoringSkipped"
+    COMPUTE_DOMAIN_SKIPPED = "ComputeDomainSkipped"
 
 
 def _rfc3339(now: datetime) -> str:

@@ -63,6 +63,14 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
     p.add_argument(
+        "--compute-domain",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="whether the cluster serves NVIDIA's ComputeDomain (resource.nvidia.com/v1beta1): "
+        "hardware profiles with multi-node NVLink then get one per NVLink domain and their pods claim "
+        "its IMEX channel (default: yes)",
+    )
+    p.add_argument(
         "--explain",
         action="store_true",
         help="print every engine setting the recipe derives for each pool, with its rule and source, "
@@ -70,6 +78,13 @@ def register(subparsers: Any) -> None:
     )
     add_network_flags(p)  # the operator's --network-policy ... flags, with its defaults
     p.set_defaults(func=_render)
+
+
+def compute_domain(spec: Any, args: argparse.Namespace) -> bool:
+    from moe_operator.hardware import lookup_profile
+
+    hardware = spec.topology.hardware
+    return bool(args.compute_domain and hardware and lookup_profile(hardware).compute_domain)
 
 
 def _render(args: argparse.Namespace) -> int:
@@ -120,7 +135,7 @@ def _render(args: argparse.Namespace) -> int:
     nodes = [node_from_object(o) for o in load_nodes(args.nodes)]
     plan = plan_topology(pool_requests(spec), nodes, topology_policy(spec))
     objects = [
-        *render_children(spec, owner, plan, settings, None, backend),
+        *render_children(spec, owner, plan, settings, None, backend, (), compute_domain(spec, args)),
         token_secret(owner, None),  # a preview never holds the real key
     ]
     if args.output == "json":

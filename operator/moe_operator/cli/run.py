@@ -135,6 +135,7 @@ OPTIONAL_APIS = {
     "LeaderWorkerSet": ("leaderworkerset.x-k8s.io/v1", "leaderworkersets"),
     "PodMonitor": ("monitoring.coreos.com/v1", "podmonitors"),
     "PrometheusRule": ("monitoring.coreos.com/v1", "prometheusrules"),
+    "ComputeDomain": ("resource.nvidia.com/v1beta1", "computedomains"),
 }
 
 

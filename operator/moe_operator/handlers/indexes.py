@@ -152,14 +152,18 @@ async def leaderworkerset_index(
 
 
 LEADERWORKERSET_CRD = "leaderworkersets.leaderworkerset.x-k8s.io"
+COMPUTEDOMAIN_CRD = "computedomains.resource.nvidia.com"
 # Optional APIs the operator uses when the cluster serves them: CRD name -> the kind it serves.
 OPTIONAL_CRDS = MappingProxyType(
     {
         LEADERWORKERSET_CRD: "LeaderWorkerSet",
         "podmonitors.monitoring.coreos.com": "PodMonitor",
         "prometheusrules.monitoring.coreos.com": "PrometheusRule",
+        COMPUTEDOMAIN_CRD: "ComputeDomain",
     }
 )
+OPTIONAL_VERSIONS = MappingProxyType({COMPUTEDOMAIN_CRD: "v1beta1"})
+"""The version the operator writes, where it is not v1."""
 
 
 @kopf.index("customresourcedefinitions.apiextensions.k8s.io")
@@ -174,8 +178,9 @@ async def optional_api_index(name: str, body: kopf.Body, **_: Any) -> dict[str, 
         c.get("type") == "Established" and c.get("status") == "True"
         for c in body.get("status", {}).get("conditions") or []
     )
+    version = OPTIONAL_VERSIONS.get(name, "v1")
     served = any(
-        v.get("name") == "v1" and v.get("served") for v in body.get("spec", {}).get("versions") or []
+        v.get("name") == version and v.get("served") for v in body.get("spec", {}).get("versions") or []
     )
     return {name: established and served and not body.metadata.get("deletionTimestamp")}
 
@@ -193,6 +198,14 @@ async def prometheusrule_index(
     name: str, namespace: str | None, body: kopf.Body, **_: Any
 ) -> dict[Any, Any] | None:
     return _child("PrometheusRule", name, namespace, body)
+
+
+@kopf.index("computedomains.resource.nvidia.com", labels=MANAGED)
+async def computedomain_index(
+    name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[Any, Any] | None:
+    """Watched only while NVIDIA's DRA driver CRD exists (GB200 NVL72 hardware profiles)."""
+    return _child("ComputeDomain", name, namespace, body)
 
 
 @kopf.index("poddisruptionbudgets.policy", labels=MANAGED)
@@ -219,6 +232,7 @@ CHILD_INDEXES = (
     "leaderworkerset_index",
     "podmonitor_index",
     "prometheusrule_index",
+    "computedomain_index",
 )
 
 

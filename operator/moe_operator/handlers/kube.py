@@ -40,6 +40,10 @@ _KINDS = MappingProxyType(
             "/apis/leaderworkerset.x-k8s.io/v1",
             "leaderworkersets",
         ),
+        ("resource.nvidia.com/v1beta1", "ComputeDomain"): (
+            "/apis/resource.nvidia.com/v1beta1",
+            "computedomains",
+        ),
         (API_VERSION, KIND): (f"/apis/{API_VERSION}", PLURAL),
     }
 )

@@ -30,6 +30,7 @@ from moe_operator.handlers.indexes import CHILD_INDEXES, MANAGED, served_kinds
 from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.state import DeploymentState, OperatorState, operator_of
 from moe_operator.handlers.status_metrics import export_status
+from moe_operator.hardware import lookup_profile
 from moe_operator.lifecycle import GroupState
 from moe_operator.reconcile.backend import (
     backend_unavailable,
@@ -127,8 +128,9 @@ def _steps(t: Target) -> None:
     plan = place_groups(t, spec, group_objects)
     monitoring = monitoring_kinds(t, spec)
     desired = render_children(
-        spec, t.owner, plan, t.op.settings, placement_versions(t.status), backend, monitoring
-    )
+        spec, t.owner, plan, t.op.settings, placement_versions(t.status), backend, monitoring,
+        compute_domain_usable(t, spec),
+    )  # fmt: skip
     observed = {(c["kind"], c["name"]): c for c in children}
     pods = trusted_pods(t.pods(), group_objects, t.owner.name)
     changes = diff_children(desired, observed, t.state.recently_applied(time.time()), pods)
@@ -186,6 +188,30 @@ def monitoring_kinds(t: Target, spec: MoEDeploymentSpec) -> frozenset[str]:
         t.state.monitoring_noted = t.generation
         t.event(Event("Normal", Reason.MONITORING_SKIPPED, monitoring_skipped(skipped, served)))
     return usable
+
+
+def compute_domain_usable(t: Target, spec: MoEDeploymentSpec) -> bool:
+    """Whether the pods get ComputeDomain claims: the hardware profile needs an IMEX channel and the
+    cluster serves NVIDIA's ComputeDomain (watched since the operator started). Otherwise one event
+    per generation says what is missing; the groups still run (NCCL and DeepEP fall back)."""
+    hardware = spec.topology.hardware
+    if not hardware or not lookup_profile(hardware).compute_domain:
+        return False
+    served = "ComputeDomain" in served_kinds(t.indexes["optional_api_index"])
+    if served and "ComputeDomain" in t.op.watched_kinds:
+        return True
+    if t.state.compute_domain_noted != t.generation:
+        t.state.compute_domain_noted = t.generation
+        why = "was installed after the operator started; restart the operator" if served else "is not served"
+        t.event(
+            Event(
+                "Warning",
+                Reason.COMPUTE_DOMAIN_SKIPPED,
+                f"spec.topology.hardware {hardware}: pods get no IMEX channel (multi-node NVLink): "
+                f"resource.nvidia.com/v1beta1 ComputeDomain {why} (install NVIDIA's DRA driver)",
+            )
+        )
+    return False
 
 
 def monitoring_skipped(kinds: list[str], served: frozenset[str]) -> str:

@@ -65,6 +65,7 @@ class DeploymentState:
     applied: dict[ChildKey, tuple[str, float]] = field(default_factory=dict)  # -> (spec hash, when)
     pools: dict[str, PoolState] = field(default_factory=dict)
     condition_reasons: dict[str, str] = field(default_factory=dict)  # condition type -> exported reason
+    compute_domain_noted: int | None = None  # generation whose missing ComputeDomain API an event named
     monitoring_noted: int | None = None  # generation whose skipped spec.monitoring objects an event named
 
     def remember_applied(self, key: ChildKey, spec_hash: str, now: float) -> None:

@@ -200,16 +200,6 @@ def deployment_findings(spec: MoEDeploymentSpec) -> list[Finding]:
     """Findings that span pools: where the KV cache travels between prefill and decode."""
     profile = pool_context(spec, "decode").profile
     out: list[Finding] = []
-    if profile is not None and profile.compute_domain:
-        out.append(
-            Finding(
-                "warn",
-                "spec.topology.hardware",
-                f"{profile.name}: pods need an IMEX channel for NVLink across trays (a DRA ComputeDomain "
-                "claim, NVIDIA DRA driver); this operator version does not create one yet: give the "
-                "engine pods the claim through a platform mutation, or expect DeepEP and NCCL to fall back",
-            )
-        )
     if (
         spec.prefill is None
         or profile is None

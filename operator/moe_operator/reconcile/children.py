@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from moe_operator.api import keys as K
+from moe_operator.render.compute_domain import COMPUTE_DOMAIN_API_VERSION
 from moe_operator.render.group import LWS_API_VERSION
 
 ChildKey = tuple[str, str]  # (kind, name)
@@ -19,6 +20,7 @@ API_VERSIONS: Mapping[str, str] = {
     "NetworkPolicy": "networking.k8s.io/v1",
     "PodMonitor": "monitoring.coreos.com/v1",
     "PrometheusRule": "monitoring.coreos.com/v1",
+    "ComputeDomain": COMPUTE_DOMAIN_API_VERSION,
 }
 
 

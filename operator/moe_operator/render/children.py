@@ -9,6 +9,7 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import pools
 from moe_operator.render import labels as L
+from moe_operator.render.compute_domain import compute_domains
 from moe_operator.render.engine import eplb_mode
 from moe_operator.render.group import GroupBackend, Owner, RuntimeSettings, instance_objects
 from moe_operator.render.monitoring import monitoring_objects
@@ -39,13 +40,20 @@ def render_children(
     placement: Mapping[str, int] | None = None,
     backend: GroupBackend = "StatefulSet",
     monitoring: Collection[str] = (),
+    compute_domain: bool = False,
 ) -> list[dict[str, Any]]:
     """Desired children, each annotated with a hash of its content (unchanged hash: no write).
 
     Instances that wait for capacity get no StatefulSet: never half a group. ``placement``:
     published placement versions per pool; in eplb mode static they are the boot placement.
+    ``compute_domain``: ComputeDomains for the multi-node NVLink instances, and their pods' claims.
     """
     objects: list[dict[str, Any]] = [*runtime_rbac(spec, owner)]
+    if compute_domain:
+        for cd in compute_domains(owner.name, owner.namespace, plan):
+            cd["metadata"]["labels"] = L.base_labels(owner.name, "engine")
+            cd["metadata"]["ownerReferences"] = [owner.reference()]
+            objects.append(cd)
     for pool in pools(spec):
         config = engine_config_map(spec, owner, pool)
         objects += [config, pool_service(spec, owner, pool), pool_disruption_budget(owner, pool)]
@@ -53,7 +61,9 @@ def render_children(
         boot = (placement or {}).get(pool, 0) if eplb_mode(spec, pool) == "static" else 0
         for instance in plan.sites:
             if instance.pool == pool:
-                objects += instance_objects(spec, owner, pool, instance, settings, config_hash, boot, backend)
+                objects += instance_objects(
+                    spec, owner, pool, instance, settings, config_hash, boot, backend, compute_domain
+                )
     objects += router_objects(spec, owner)
     objects += network_objects(spec, owner, settings.network)
     objects += [o for o in monitoring_objects(spec, owner) if o["kind"] in monitoring]

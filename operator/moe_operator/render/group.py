@@ -17,6 +17,7 @@ from moe_operator.api.derived import Pool, pool_layout, pools
 from moe_operator.api.names import API_VERSION, KIND
 from moe_operator.recipe import effective_env, startup_timeout_s
 from moe_operator.render import labels as L
+from moe_operator.render.compute_domain import pod_claims
 from moe_operator.render.engine import DRAIN_SECONDS, grace_seconds
 from moe_operator.render.network import NetworkSettings
 from moe_operator.topology.planner import InstanceSite
@@ -243,9 +244,15 @@ def _sysctls(sysctls: list[dict[str, str]]) -> dict[str, Any]:
 
 
 def pod_template(
-    spec: MoEDeploymentSpec, owner: Owner, pool: Pool, site: InstanceSite, settings: RuntimeSettings
+    spec: MoEDeploymentSpec,
+    owner: Owner,
+    pool: Pool,
+    site: InstanceSite,
+    settings: RuntimeSettings,
+    compute_domain: bool = False,
 ) -> dict[str, Any]:
-    """The pod of every rank of one instance: all the node's GPUs, pinned to the planned nodes."""
+    """The pod of every rank of one instance: all the node's GPUs, pinned to the planned nodes.
+    ``compute_domain``: the pod claims its NVLink domain's IMEX channel (render.compute_domain)."""
     p = pools(spec)[pool]
     layout = pool_layout(p, spec.topology)
     topo = spec.topology
@@ -344,6 +351,8 @@ def pod_template(
         ],
         "volumes": volumes,
     }
+    if compute_domain and site.kind == "nvlink" and len(site.nodes) > 1:
+        pod_spec["resourceClaims"], resources["claims"] = pod_claims(owner.name, site.domain)
     if spec.engine.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in spec.engine.image_pull_secrets]
     if topo.node_selector:
@@ -363,6 +372,7 @@ def instance_objects(
     engine_config_hash: str,
     boot_placement: int = 0,
     backend: GroupBackend = "StatefulSet",
+    compute_domain: bool = False,
 ) -> list[dict[str, Any]]:
     """The StatefulSet and headless Service of one instance, or its LeaderWorkerSet.
 
@@ -372,7 +382,7 @@ def instance_objects(
     name = L.instance_name(owner.name, pool, site.index)
     selector = L.instance_selector(owner.name, pool, site.index)
     labels = {**L.base_labels(owner.name, pool), **selector, K.DEPLOYMENT_UID: owner.uid}
-    pod_spec = pod_template(spec, owner, pool, site, settings)
+    pod_spec = pod_template(spec, owner, pool, site, settings, compute_domain)
     # Engine config changes reach pods through a new template hash (a rolling group restart).
     hashed: dict[str, Any] = {"pod": pod_spec, "engine": engine_config_hash}
     template_annotations: dict[str, str] = {}
