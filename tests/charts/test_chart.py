@@ -277,6 +277,7 @@ EXPECTED_NAMESPACED_RULES: dict[tuple[str, str, str], set[str]] = {
             ("networking.k8s.io", "networkpolicies"),
             ("monitoring.coreos.com", "podmonitors"),
             ("monitoring.coreos.com", "prometheusrules"),
+            ("resource.nvidia.com", "computedomains"),
         ]
     },
     ("", "secrets", ""): {"get", "create"},  # the runtime token only: never listed or watched
