@@ -730,3 +730,41 @@ def run_operator_as_service_account(
             60,
             what=f"{name} deleted",
         )
+
+
+def test_platform_hardware_profiles_reach_the_operator() -> None:
+    """values hardwareProfiles -> a ConfigMap mounted into the operator, named by MOE_HARDWARE_PROFILES,
+    in the shape the operator loads (moe_operator.hardware.load_profiles); a change restarts it."""
+    import tempfile
+
+    from moe_operator.hardware import load_profiles
+
+    assert not [
+        d for d in objects(template()) if d["kind"] == "ConfigMap" and "hardware" in d["metadata"]["name"]
+    ]
+    docs = objects(
+        template(
+            "hardwareProfiles[0].name=site-h200",
+            "hardwareProfiles[0].description=ours",
+            "hardwareProfiles[0].gpuProduct=NVIDIA-H200",
+            "hardwareProfiles[0].gpusPerNode=8",
+            "hardwareProfiles[0].gpuMemory=141Gi",
+            "hardwareProfiles[0].nvlinkDomainSize=8",
+            "hardwareProfiles[0].fabric=roce",
+            "hardwareProfiles[0].batchPerRank=256",
+            "hardwareProfiles[0].memFractionStatic.prefill=0.85",
+            "hardwareProfiles[0].memFractionStatic.decode=0.81",
+            "hardwareProfiles[0].memFractionStatic.standalone=0.81",
+        )
+    )
+    config = one(docs, "ConfigMap", f"{RELEASE}-moe-operator-hardware-profiles")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as fh:
+        fh.write(config["data"]["profiles.yaml"])
+        fh.flush()
+        assert load_profiles(fh.name)["site-h200"].fabric == "roce"
+    pod = one(docs, "Deployment")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "hardware-profiles")
+    assert env["MOE_HARDWARE_PROFILES"] == f"{mount['mountPath']}/profiles.yaml"
+    assert "checksum/hardware-profiles" in pod["metadata"]["annotations"]

@@ -183,9 +183,15 @@ def run(args: argparse.Namespace) -> int:
     from moe_operator.handlers.metrics import OperatorMetrics
     from moe_operator.handlers.state import OperatorState
     from moe_operator.handlers.wakeups import Wakeups
+    from moe_operator.hardware import PROFILES_ENV, profile_names
     from moe_operator.render.group import RuntimeSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # a platform's malformed profile file stops the operator here, with the reason
+        logging.getLogger(__name__).info(f"hardware profiles: {', '.join(profile_names())}")
+    except (OSError, ValueError) as exc:
+        logging.getLogger(__name__).error(f"cannot load the hardware profiles ({PROFILES_ENV}): {exc}")
+        return 2
     routine: tuple[Callable[..., Any], ...] = (
         reconcile.on_timer,
         reconcile.on_child_event,
