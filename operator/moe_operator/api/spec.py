@@ -296,6 +296,16 @@ class EngineSpec(APIObject):
         description="TCP port on each group's leader pod (rank 0) where the other ranks rendezvous "
         "(the port part of --dist-init-addr).",
     )
+    kernel_cache_claim: Name | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="PersistentVolumeClaim (in the deployment's namespace, ReadWriteMany) that keeps the "
+        "kernels SGLang compiles at start (DeepGEMM, Triton, TorchInductor, FlashInfer, CUDA) across "
+        "group restarts: a cold wide-EP start spends 10-20 minutes compiling DeepGEMM kernels. Each "
+        "node writes its own directory, keyed by engine image and GPU type. Unset: kernels are "
+        "compiled again at every group start. Needs persistentVolumeClaim among the platform's "
+        "volume sources.",
+    )
     shared_memory_size: Quantity = Field(
         default="64Gi",
         description="Size of the memory-backed /dev/shm of each engine pod (NCCL and DeepEP use it), "

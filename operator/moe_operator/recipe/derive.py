@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -197,6 +198,34 @@ def kv_env(ctx: PoolContext) -> list[Setting]:
     ]
 
 
+KERNEL_CACHE_DIR = "/var/cache/moe-kernels"
+"""Where spec.engine.kernelCacheClaim is mounted in engine pods."""
+KERNEL_CACHE_NODE_ENV = "KERNEL_CACHE_NODE"
+"""The node's name (downward API), set before the cache variables, which expand it: one directory per
+node, so ranks on different nodes never write the same cache file."""
+
+
+def kernel_cache_env(spec: MoEDeploymentSpec) -> list[Setting]:
+    """The compiled-kernel caches on spec.engine.kernelCacheClaim, keyed by image and GPU type: one
+    variable, from which SGLang derives DeepGEMM's, Triton's, TorchInductor's, CUDA's, TileLang's
+    and FlashInfer's directories."""
+    if not spec.engine.kernel_cache_claim:
+        return []
+    product = spec.topology.node_selector.get("nvidia.com/gpu.product", "gpu")
+    image = re.sub(r"[^A-Za-z0-9._-]+", "_", spec.engine.image)[-100:]
+    return [
+        Setting(
+            "env",
+            "SGLANG_CACHE_DIR",
+            f"{KERNEL_CACHE_DIR}/{image}/{product}/$({KERNEL_CACHE_NODE_ENV})",
+            "compiled kernels survive group restarts (spec.engine.kernelCacheClaim), per image, GPU type "
+            "and node",
+            SGL + "environ.py SGLANG_CACHE_DIR (SGLANG_DG_CACHE_DIR defaults under it) and "
+            "third_party_cache_defaults (Triton, Inductor, CUDA, TileLang, FlashInfer, unless set)",
+        )
+    ]
+
+
 Rule = Callable[[PoolContext], list[Setting]]
 RULES: tuple[Rule, ...] = (
     dense_tp,
@@ -217,6 +246,7 @@ def derive_pool(spec: MoEDeploymentSpec, pool: Pool) -> list[Setting]:
     ctx = pool_context(spec, pool)
     out = [s for rule in RULES for s in rule(ctx)]
     out += watchdog(ctx, startup_timeout_s(spec))
+    out += kernel_cache_env(spec)
     return sorted(out, key=lambda s: s.kind)
 
 

@@ -16,6 +16,7 @@ from moe_operator.api import keys as K
 from moe_operator.api.derived import Pool, pool_layout, pools
 from moe_operator.api.names import API_VERSION, KIND
 from moe_operator.recipe import effective_env, startup_timeout_s
+from moe_operator.recipe.derive import KERNEL_CACHE_DIR, KERNEL_CACHE_NODE_ENV
 from moe_operator.render import labels as L
 from moe_operator.render.compute_domain import pod_claims
 from moe_operator.render.engine import DRAIN_SECONDS, grace_seconds
@@ -226,6 +227,14 @@ def termination_grace_seconds(spec: MoEDeploymentSpec) -> int:
     return int(DRAIN_SECONDS + grace_seconds(spec) + TERMINATION_MARGIN_S)
 
 
+def kernel_cache_node_env(spec: MoEDeploymentSpec) -> list[dict[str, Any]]:
+    """The node's name for the kernel cache's per-node directory (unless the spec's env names it)."""
+    names = {e.get("name") for e in spec.engine.env}
+    if not spec.engine.kernel_cache_claim or KERNEL_CACHE_NODE_ENV in names:
+        return []
+    return [_field_env(KERNEL_CACHE_NODE_ENV, "spec.nodeName")]
+
+
 def leader_address(owner: Owner, pool: str, index: int) -> str:
     inst = L.instance_name(owner.name, pool, index)
     return f"{inst}-0.{inst}.{owner.namespace}.svc.cluster.local"
@@ -283,6 +292,11 @@ def pod_template(
         },
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.engine.shared_memory_size}},
     ]
+    if spec.engine.kernel_cache_claim:
+        volumes.append(
+            {"name": "kernel-cache", "persistentVolumeClaim": {"claimName": spec.engine.kernel_cache_claim}}
+        )
+        mounts.append({"name": "kernel-cache", "mountPath": KERNEL_CACHE_DIR})
     if spec.model.volume is not None and spec.model.path:
         volumes.append({"name": "model", **copy.deepcopy(spec.model.volume)})
         mounts.append({"name": "model", "mountPath": spec.model.path, "readOnly": True})
@@ -297,6 +311,7 @@ def pod_template(
         _field_env(P.ENV_POD_IP, "status.podIP"),
         _field_env(P.ENV_POD_NAME, "metadata.name"),
         _env(P.ENV_ENGINE_CONFIG, P.DEFAULT_CONFIG_PATH),
+        *kernel_cache_node_env(spec),  # before the cache directory that expands it
         *effective_env(spec, pool),  # the recipe's (fabric, DeepEP cap), unless spec.engine.env sets them
         *copy.deepcopy(spec.engine.env),
     ]

@@ -19,7 +19,14 @@ from .consistency_rules import check_eplb, check_ports
 from .memory_rules import check_gpu_memory, check_memory
 from .model_rules import check_model
 from .platform import DEFAULT_POLICY, PlatformPolicy, PolicyError
-from .pod_rules import check_env, check_host_network, check_model_volume, check_resources, check_tolerations
+from .pod_rules import (
+    check_env,
+    check_host_network,
+    check_kernel_cache,
+    check_model_volume,
+    check_resources,
+    check_tolerations,
+)
 from .pool_rules import check_attention, check_backend, check_expert_slots, check_topology
 from .problem import Problem
 from .recipe_rules import check_recipe, recipe_warnings
@@ -65,6 +72,7 @@ def _host_network(spec: MoEDeploymentSpec, where: Tenancy) -> list[Problem]:
 RULES: tuple[Rule, ...] = (
     _spec_only(check_model),
     _platform(check_model_volume),
+    _platform(check_kernel_cache),
     _spec_only(check_gpu_memory),
     _spec_only(check_topology),
     _spec_only(check_attention),

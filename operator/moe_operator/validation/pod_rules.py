@@ -179,6 +179,20 @@ def _value_from(where: str, source: Any, policy: PlatformPolicy | None) -> list[
 # --------------------------------------------------------------------------- model volume
 
 
+def check_kernel_cache(spec: MoEDeploymentSpec, policy: PlatformPolicy) -> list[Problem]:
+    """spec.engine.kernelCacheClaim mounts a PersistentVolumeClaim read-write: only where the platform
+    allows claims as volume sources."""
+    if not spec.engine.kernel_cache_claim or "persistentVolumeClaim" in policy.model_volume_sources:
+        return []
+    return [
+        Problem(
+            "spec.engine.kernelCacheClaim",
+            "spec.engine.kernelCacheClaim: the platform does not allow persistentVolumeClaim volumes "
+            "(platform.modelVolumeSources); remove it",
+        )
+    ]
+
+
 def check_model_volume(spec: MoEDeploymentSpec, policy: PlatformPolicy) -> list[Problem]:
     """spec.model.volume uses a source the platform allows; hostPath only under its prefixes."""
     volume = spec.model.volume
