@@ -493,7 +493,7 @@ def test_engine_pod_monitor_matches_rendered_engine_pods() -> None:
     from moe_contract.pod import METRICS_PORT, METRICS_PORT_NAME
     from moe_operator.api import keys
     from moe_operator.render import labels
-    from moe_operator.render.group import engine_ports
+    from moe_operator.render.engine_container import engine_ports
     from render_cases import gb200_decode_spec
 
     ports = {p["name"]: p["containerPort"] for p in engine_ports(gb200_decode_spec(), "decode")}

@@ -12,15 +12,13 @@ import yaml
 
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.render.children import render_children
-from moe_operator.render.group import (
+from moe_operator.render.engine_container import (
     ENGINE_EPHEMERAL_STORAGE,
     ENGINE_MEMORY_PER_GPU_GI,
     NON_ROOT_UID,
-    Owner,
-    RuntimeSettings,
     engine_needs_ipc_lock,
-    pod_template,
 )
+from moe_operator.render.group import Owner, RuntimeSettings, pod_template
 from moe_operator.render.shared import router_objects, runtime_rbac
 from moe_operator.topology import nodepools
 from moe_operator.topology.planner import InstanceSite, plan_topology

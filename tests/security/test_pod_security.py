@@ -14,7 +14,7 @@ import pytest
 from rendered import EXAMPLES, example_spec, rendered
 
 from moe_operator.api import MoEDeploymentSpec
-from moe_operator.render.group import engine_needs_ipc_lock
+from moe_operator.render.engine_container import engine_needs_ipc_lock
 from moe_sandbox.testing import wait_for
 
 LEVELS = ("privileged", "baseline", "restricted")

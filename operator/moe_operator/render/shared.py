@@ -17,15 +17,17 @@ from moe_operator.api.spec import PoolSpec
 from moe_operator.recipe import router_policy, router_role_policies, startup_timeout_s
 from moe_operator.render import labels as L
 from moe_operator.render.engine import engine_config
-from moe_operator.render.group import (
+from moe_operator.render.engine_container import (
     INIT_RESOURCES,
     NON_ROOT_UID,
     RESTRICTED_CONTAINER,
     SECCOMP_RUNTIME_DEFAULT,
+    low_port_sysctls,
+)
+from moe_operator.render.group import (
     Owner,
     engine_config_name,
     leader_address,
-    low_port_sysctls,
     service_account_name,
     token_secret_name,
 )
