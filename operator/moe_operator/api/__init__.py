@@ -15,21 +15,18 @@ from .conditions import (
     set_condition,
 )
 from .crd import PRINTER_COLUMNS, SCALE_SUBRESOURCE, build_crd, openapi_schema, spec_schema, status_schema
+from .model_spec import AttentionArchitecture, ModelArchitecture, ModelSpec
 from .names import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, SHORT_NAMES, VERSION
 from .spec import (
-    AttentionArchitecture,
     DecodePoolSpec,
     EngineSpec,
     EPLBSpec,
     KVTransferSpec,
-    ModelArchitecture,
-    ModelSpec,
     MoEDeploymentSpec,
     MonitoringSpec,
     PoolSpec,
     PrefillPoolSpec,
     RouterSpec,
-    TopologySpec,
 )
 from .status import (
     Condition,
@@ -40,6 +37,7 @@ from .status import (
     PoolStatus,
     RouterStatus,
 )
+from .topology_spec import TopologySpec
 
 __all__ = [
     "API_VERSION",

@@ -11,7 +11,9 @@ from typing import Literal
 from ..capacity.layout import InstanceLayout
 from ..models.architecture import BYTES_PER_ELEMENT, Attention, MoEArchitecture
 from ..models.catalog import lookup
-from .spec import ModelArchitecture, ModelSpec, MoEDeploymentSpec, PoolSpec, TopologySpec
+from .model_spec import ModelArchitecture, ModelSpec
+from .spec import MoEDeploymentSpec, PoolSpec
+from .topology_spec import TopologySpec
 from .types import parse_count
 
 Pool = Literal["prefill", "decode"]
