@@ -245,13 +245,19 @@ def test_a_kernel_cache_claim_keeps_compiled_kernels_per_image_gpu_and_node() ->
 
     raw = with_(H100, "engine.kernelCacheClaim", "dsv3-kernels")
     spec = spec_of(raw)
-    site = InstanceSite("decode", 0, "rack", "topology.kubernetes.io/zone", "r0", tuple(f"n{i}" for i in range(9)))
+    site = InstanceSite(
+        "decode", 0, "rack", "topology.kubernetes.io/zone", "r0", tuple(f"n{i}" for i in range(9))
+    )
     pod = pod_template(spec, Owner("ds", "ns", "u"), "decode", site, RuntimeSettings())
     engine = pod["containers"][0]
     names = [e["name"] for e in engine["env"]]
     cache = next(e["value"] for e in engine["env"] if e["name"] == "SGLANG_CACHE_DIR")
-    assert names.index("KERNEL_CACHE_NODE") < names.index("SGLANG_CACHE_DIR"), "expanded from an earlier variable"
-    assert cache == "/var/cache/moe-kernels/lmsysorg_sglang_v0.5.23/NVIDIA-H100-80GB-HBM3/$(KERNEL_CACHE_NODE)"
+    assert names.index("KERNEL_CACHE_NODE") < names.index("SGLANG_CACHE_DIR"), (
+        "expanded from an earlier variable"
+    )
+    assert (
+        cache == "/var/cache/moe-kernels/lmsysorg_sglang_v0.5.23/NVIDIA-H100-80GB-HBM3/$(KERNEL_CACHE_NODE)"
+    )
     assert {"name": "kernel-cache", "persistentVolumeClaim": {"claimName": "dsv3-kernels"}} in pod["volumes"]
     assert {"name": "kernel-cache", "mountPath": "/var/cache/moe-kernels"} in engine["volumeMounts"]
     no_claims = PlatformPolicy(model_volume_sources=("nfs",))
