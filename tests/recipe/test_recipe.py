@@ -171,10 +171,31 @@ def test_an_fp8_dense_split_is_refused_with_the_fix() -> None:
 @pytest.mark.parametrize(
     ("extra", "env", "needle"),
     [
-        (["--max-running-requests", "36864"], [], "512 per attention-DP rank, above"),
-        (["--cuda-graph-max-bs-decode", "512"], [], "captures batches above"),
-        ([], [{"name": "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "value": "2048"}], "at most 1024"),
-        ([], [{"name": "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "value": "128"}], "above DeepEP"),
+        (["--max-running-requests", "36864"], [], "512 per attention-DP rank = 512 tokens, above"),
+        (["--cuda-graph-max-bs-decode", "512"], [], "captures decode batches of 512"),
+        (
+            ["--cuda-graph-bs-decode", "1", "2", "512"],
+            [],
+            "--cuda-graph-bs-decode captures decode batches of 512",
+        ),
+        (["--cuda-graph-config", '{"decode": {"max_bs": 1024}}'], [], "--cuda-graph-config captures"),
+        (
+            [],
+            [{"name": "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "value": "2048"}],
+            "asserts 1..1024",
+        ),
+        (
+            [],
+            [{"name": "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "value": "abc"}],
+            "is not an integer",
+        ),
+        (["--max-running-requests", "0"], [], "nothing bounds the running requests"),
+        (["--speculative-algorithm", "EAGLE"], [], "set --speculative-num-draft-tokens"),
+        (
+            ["--speculative-algorithm", "EAGLE", "--speculative-num-draft-tokens", "4"],
+            [],
+            "256 per attention-DP rank x 4 draft tokens = 1024 tokens",
+        ),
     ],
 )
 def test_a_rank_busier_than_the_dispatch_cap_is_refused(
@@ -185,7 +206,7 @@ def test_a_rank_busier_than_the_dispatch_cap_is_refused(
     assert any(needle in p for p in problems), problems
 
 
-def test_a_raised_cap_admits_a_bigger_batch() -> None:
+def test_a_raised_cap_admits_a_bigger_batch_and_a_lowered_one_shrinks_the_batch() -> None:
     raw = with_(
         H100, "decode.extraArgs", ["--max-running-requests", "36864", "--cuda-graph-max-bs-decode", "512"]
     )
@@ -193,6 +214,60 @@ def test_a_raised_cap_admits_a_bigger_batch() -> None:
         raw, "engine.env", [{"name": "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "value": "512"}]
     )
     assert refusals(raw) == []
+    low = with_(
+        H100, "engine.env", [{"name": "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "value": "64"}]
+    )
+    assert refusals(low) == []
+    decode = settings(low, "decode")
+    assert decode["--max-running-requests"] == str(64 * 72) and decode["--cuda-graph-max-bs-decode"] == "64"
+
+
+def test_a_cap_from_a_reference_is_not_guessed() -> None:
+    ref = {
+        "name": "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+        "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}},
+    }
+    raw = with_(H100, "engine.env", [ref])
+    assert refusals(raw) == []
+    assert any("comes from a reference" in w for w in warnings(raw))
+
+
+def test_low_latency_kernels_never_carry_prefill_chunks() -> None:
+    assert any(
+        "cannot carry prefill" in p for p in refusals(with_(H100, "prefill.deepepMode", "low_latency"))
+    )
+    standalone = with_(example("qwen3-30b-a3b-single-node.yaml"), "decode.deepepMode", "low_latency")
+    assert any("whole prefill chunks" in p for p in refusals(standalone))
+    assert refusals(example("qwen3-30b-a3b-single-node.yaml")) == []  # auto: normal kernels for prefill
+
+
+def test_only_one_or_the_whole_world_as_dense_tp() -> None:
+    for value in ("8", "0", "-8"):
+        problems = refusals(with_(H100, "decode.extraArgs", ["--moe-dense-tp-size", value]))
+        assert any("takes only 1 or the instance's 72 GPUs" in p for p in problems), (value, problems)
+
+
+def test_a_conflicting_user_flag_or_an_exclusion_removes_a_derived_switch() -> None:
+    tp_lm = with_(H100, "decode.extraArgs", ["--enable-tp-lm-head-all-to-all"])
+    assert "--enable-dp-lm-head" not in effective_args(spec_of(tp_lm), "decode")
+    excluded = with_(H100, "engine.recipeExclude", ["--enable-two-batch-overlap", "NCCL_SOCKET_IFNAME"])
+    spec = spec_of(excluded)
+    assert "--enable-two-batch-overlap" not in effective_args(spec, "decode")
+    assert "NCCL_SOCKET_IFNAME" not in {e["name"] for e in effective_env(spec, "decode")}
+    assert "GLOO_SOCKET_IFNAME" in {e["name"] for e in effective_env(spec, "decode")}
+
+
+def test_the_memory_check_sees_the_recipes_fraction() -> None:
+    """What admission computes with is what the engine runs with: the same verdict whether the spec
+    writes the recipe's fraction itself or not; and no fraction that is not one."""
+    raw = with_(H100, "prefill.nodesPerReplica", 2)
+    raw = with_(with_(raw, "decode.nodesPerReplica", 2), "decode.replicas", 1)
+    raw = with_(raw, "eplb.redundantExperts", 80)
+    written = with_(raw, "decode.extraArgs", ["--mem-fraction-static", "0.81"])
+    assert [p.split(":")[0] for p in refusals(raw)] == [p.split(":")[0] for p in refusals(written)]
+    for bad in ("nan", "inf", "0", "1.5"):
+        problems = refusals(with_(H100, "decode.extraArgs", ["--mem-fraction-static", bad]))
+        assert any("not a fraction of GPU memory" in p for p in problems), (bad, problems)
 
 
 def test_normal_kernels_past_eight_nvlink_peers_without_rdma_are_refused() -> None:

@@ -14,7 +14,7 @@ def test_one_domain_per_clique_and_every_pod_claims_its_own() -> None:
         gb200_decode_spec(), OWNER, TWO_CLIQUE_PLAN, RuntimeSettings(), compute_domain=True
     )
     domains = [o for o in objects if o["kind"] == "ComputeDomain"]
-    assert len(domains) == 2 and {d["spec"]["numNodes"] for d in domains} == {4}
+    assert len(domains) == 2 and {d["spec"]["numNodes"] for d in domains} == {0}  # immutable spec: never 4
     assert all(d["metadata"]["ownerReferences"][0]["uid"] == "uid-1" for d in domains)
     templates = {d["spec"]["channel"]["resourceClaimTemplate"]["name"] for d in domains}
     claimed = set()

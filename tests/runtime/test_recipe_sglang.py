@@ -165,6 +165,8 @@ def _agree(config: dict[str, Any], env: dict[str, str], r: dict[str, Any], pool:
     world, dp = par["nnodes"] * par["gpusPerNode"], par["attnDp"]
     where = f"{pool}: "
     assert r["tp_size"] == world, where
+    # SGLang sizes its default fraction from the flags; a negative one means no room for the weights
+    assert 0 < r["mem_fraction_static"] < 1, where + f"mem_fraction_static {r['mem_fraction_static']}"
     assert r.get("dense_fp8_error") is None, where + str(r.get("dense_fp8_error"))
     if par.get("a2aBackend") != "deepep" or world <= 1 or dp <= 1:
         return

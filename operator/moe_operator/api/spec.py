@@ -85,6 +85,18 @@ class EngineSpec(APIObject):
         description="TCP port on each group's leader pod (rank 0) where the other ranks rendezvous "
         "(the port part of --dist-init-addr).",
     )
+    recipe_exclude: list[
+        Annotated[
+            str, StringConstraints(pattern=r"^(--[a-z0-9][a-z0-9-]*|[A-Z_][A-Z0-9_]*)$", max_length=128)
+        ]
+    ] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Settings the operator's recipe derives that this deployment leaves out, by flag "
+        "(--enable-two-batch-overlap) or environment variable name (NCCL_SOCKET_IFNAME): the way to "
+        "turn off a derived switch, which extraArgs cannot (SGLang has no --no- form for it). "
+        "`moe-operator render --explain` lists what the recipe derives; docs/recipes.md explains each.",
+    )
     kernel_cache_claim: Name | None = Field(
         default=None,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
@@ -376,7 +388,8 @@ class MonitoringSpec(APIObject):
 
 
 def _pool_rules(pool: str) -> list[dict[str, Any]]:
-    guard = f"has(self.{pool}) && " if pool == "prefill" else ""
+    # Without gpusPerNode (spec.topology.hardware supplies it) the webhook's rules check this instead.
+    guard = "has(self.topology.gpusPerNode) && " + (f"has(self.{pool}) && " if pool == "prefill" else "")
     world = f"self.{pool}.nodesPerReplica * self.topology.gpusPerNode"
     domain = (
         "(has(self.topology.nvlinkDomainSize) ? self.topology.nvlinkDomainSize : self.topology.gpusPerNode)"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from ..hardware import lookup_profile
+from ..hardware import known_profile, lookup_profile
 from .base import APIObject, cel, rules
 from .fields import LabelValue, Name
 from .types import EmbeddedObject, LabelKey, Quantity
@@ -151,11 +151,12 @@ class TopologySpec(APIObject):
     @model_validator(mode="before")
     @classmethod
     def _fill_from_hardware(cls, data: Any) -> Any:
-        """Fields the spec leaves out come from its hardware profile (an unknown name is refused here,
-        naming the known ones)."""
-        if not isinstance(data, dict) or not data.get("hardware"):
+        """Fields the spec leaves out come from its hardware profile (an unknown name is left to the
+        field's own check, which names the known ones)."""
+        name = data.get("hardware") if isinstance(data, dict) else None
+        if not isinstance(name, str) or not known_profile(name):
             return data
-        profile = lookup_profile(str(data["hardware"]))
+        profile = lookup_profile(name)
         filled = dict(data)
         for wire, attr in PROFILE_FIELDS.items():
             if wire not in filled and attr not in filled:
@@ -165,3 +166,22 @@ class TopologySpec(APIObject):
         if not filled.get("nodeSelector") and not filled.get("node_selector"):
             filled["nodeSelector"] = {GPU_PRODUCT_LABEL: profile.gpu_product}
         return filled
+
+    @field_validator("hardware")
+    @classmethod
+    def _known(cls, name: str | None) -> str | None:
+        if name is not None:
+            lookup_profile(name)  # a ValueError naming the known profiles
+        return name
+
+    @model_validator(mode="after")
+    def _as_the_profile_says(self) -> TopologySpec:
+        """A written gpusPerNode that contradicts the profile would request GPUs no node has."""
+        if self.hardware and known_profile(self.hardware):
+            profile = lookup_profile(self.hardware)
+            if self.gpus_per_node != profile.gpus_per_node:
+                raise ValueError(
+                    f"gpusPerNode {self.gpus_per_node} contradicts hardware {profile.name} "
+                    f"({profile.gpus_per_node} GPUs per node): remove gpusPerNode"
+                )
+        return self

@@ -6,6 +6,15 @@ the recipe (moe_operator.recipe) combines a profile with a model and a pool.
 """
 
 from .profile import EnvVar, HardwareProfile
-from .registry import PROFILES_ENV, load_profiles, lookup_profile, profile_names
+from .registry import PROFILES_ENV, ProfilesError, known_profile, load_profiles, lookup_profile, profile_names
 
-__all__ = ["PROFILES_ENV", "EnvVar", "HardwareProfile", "load_profiles", "lookup_profile", "profile_names"]
+__all__ = [
+    "PROFILES_ENV",
+    "EnvVar",
+    "HardwareProfile",
+    "ProfilesError",
+    "known_profile",
+    "load_profiles",
+    "lookup_profile",
+    "profile_names",
+]

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 Fabric = Literal["infiniband", "roce", "nvlink"]
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+RESERVED_ENV_PREFIXES = ("MOE_", "LWS_")
+RESERVED_ENV = frozenset(
+    {
+        "PYTHONPATH",
+        "POD_IP",
+        "POD_NAME",
+        "KERNEL_CACHE_NODE",
+        "SGLANG_CACHE_DIR",
+        "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+        "SGLANG_HOST_IP",
+        "SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR",
+    }
+)
+"""Names the operator, the runtime or the recipe set themselves: a profile may not set them too."""
 
 
 class _Data(BaseModel):
@@ -19,6 +34,14 @@ class EnvVar(_Data):
 
     name: str = Field(pattern=r"^[A-Z_][A-Z0-9_]*$", max_length=128)
     value: str = Field(max_length=1024)
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+            raise ValueError(f"{name} is set by the operator, the runtime or the recipe, not by a profile")
+        return name
+
     source: str = Field(min_length=1, description="public reference or code the value comes from")
     deepep_modes: tuple[Literal["normal", "low_latency", "auto"], ...] = Field(
         default=(), description="only for pools in these DeepEP modes (empty: every pool)"
@@ -47,10 +70,20 @@ class HardwareProfile(_Data):
         default=None, ge=1, description="widest EP DeepEP's normal kernels run at here (None: no limit)"
     )
     batch_per_rank: int = Field(ge=1, le=1024, description="running requests per attention-DP rank")
-    mem_fraction_static: dict[Literal["prefill", "decode", "standalone"], float]
+    mem_fraction_static: dict[Literal["prefill", "decode", "standalone"], Fraction] = Field(
+        description="--mem-fraction-static per pool role (prefill, decode, standalone: all three)"
+    )
     shared_memory: str = Field(default="64Gi", description="/dev/shm of each engine pod")
     env: tuple[EnvVar, ...] = ()
     sources: dict[str, str] = Field(default_factory=dict, description="field -> public source")
+
+    @field_validator("mem_fraction_static")
+    @classmethod
+    def _every_role(cls, value: dict[str, float]) -> dict[str, float]:
+        missing = {"prefill", "decode", "standalone"} - set(value)
+        if missing:
+            raise ValueError(f"memFractionStatic needs every role: {', '.join(sorted(missing))} missing")
+        return value
 
     def source(self, field: str) -> str:
         return self.sources.get(field, f"hardware profile {self.name}")

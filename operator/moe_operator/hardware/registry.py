@@ -36,13 +36,27 @@ def load_profiles(extra: str | None = None) -> dict[str, HardwareProfile]:
     return out
 
 
+class ProfilesError(ValueError):
+    """The platform's profile file cannot be used: a platform configuration error, not a tenant's."""
+
+
 @functools.cache
 def _profiles() -> dict[str, HardwareProfile]:
-    return load_profiles(os.environ.get(PROFILES_ENV) or None)
+    path = os.environ.get(PROFILES_ENV) or None
+    try:
+        return load_profiles(path)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise ProfilesError(
+            f"the platform's hardware profiles ({PROFILES_ENV}={path}) cannot be loaded: {exc}"
+        ) from exc
 
 
 def profile_names() -> list[str]:
     return sorted(_profiles())
+
+
+def known_profile(name: str) -> bool:
+    return name in _profiles()
 
 
 def lookup_profile(name: str) -> HardwareProfile:

@@ -7,7 +7,7 @@ user's extraArgs and env still win; ``checks`` holds the same rules against what
 with (derived plus user), refusing what cannot start and warning about what loses throughput.
 """
 
-from .checks import Finding, recipe_findings
+from .checks import recipe_findings
 from .context import PoolContext, pool_context
 from .derive import (
     derive_pool,
@@ -17,6 +17,7 @@ from .derive import (
     router_policy,
     router_role_policies,
 )
+from .findings import Finding
 from .setting import Setting
 from .startup import startup_timeout_s
 

@@ -3,59 +3,19 @@ refusals for what cannot start, warnings for what loses throughput, each with th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
-from moe_contract.flags import engine_catalog, resolve
-
 from ..api import MoEDeploymentSpec
 from ..api.derived import Pool, pools
+from .cap_checks import cap_findings
 from .context import PoolContext, pool_context
 from .derive import (
     CHUNK_PER_RANK,
-    DISPATCH_CAP_DEFAULT,
-    DISPATCH_CAP_ENV,
-    DISPATCH_CAP_MAX,
     effective_args,
     effective_deepep_mode,
-    effective_env,
 )
+from .findings import Finding, as_int, last_value
 
 NVL_PEERS = 8
 """DeepEP's legacy Buffer: num_ranks < 8 or num_ranks % 8 == 0 (csrc/legacy/buffer.hpp), every mode."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    severity: Literal["refuse", "warn"]
-    field: str
-    message: str
-
-
-def _last(args: list[str], dest: str) -> str | None:
-    occ = resolve(engine_catalog(), args).last(dest)
-    if occ is None:
-        return None
-    value = occ.value
-    if isinstance(value, list):
-        value = value[-1] if value else None
-    return None if value is None else str(value)
-
-
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _env_value(spec: MoEDeploymentSpec, pool: Pool, name: str) -> str | None:
-    """The value the engine sees for ``name`` (the last entry wins, as in a pod's env list)."""
-    found: str | None = None
-    for entry in [*effective_env(spec, pool), *spec.engine.env]:
-        if entry.get("name") == name and "value" in entry:
-            found = str(entry["value"])
-    return found
 
 
 def pool_findings(spec: MoEDeploymentSpec, pool: Pool) -> list[Finding]:
@@ -66,16 +26,26 @@ def pool_findings(spec: MoEDeploymentSpec, pool: Pool) -> list[Finding]:
     out += _dense_split(ctx, args, where)
     out += _deepep_world(ctx, where)
     out += _normal_kernels(ctx, where)
-    out += _dispatch_cap(spec, ctx, args, where)
+    out += cap_findings(ctx, args, where)
     out += _chunk(ctx, args, where)
     return out
 
 
 def _dense_split(ctx: PoolContext, args: list[str], where: str) -> list[Finding]:
+    written = last_value(args, "moe_dense_tp_size")
+    dense_tp = as_int(written) if written is not None else ctx.layout.world
+    if dense_tp not in (1, ctx.layout.world):
+        return [
+            Finding(
+                "refuse",
+                f"{where}.extraArgs",
+                f"{where}: --moe-dense-tp-size {written}: SGLang takes only 1 or the instance's "
+                f"{ctx.layout.world} GPUs (arg_groups/validation_hook.py check_server_args); use 1",
+            )
+        ]
     arch = ctx.arch
-    if arch is None or not ctx.fp8:
+    if arch is None or not ctx.fp8 or dense_tp is None:
         return []
-    dense_tp = _int(_last(args, "moe_dense_tp_size")) or ctx.layout.world
     if arch.dense_tp_fits(dense_tp):
         return []
     shard = arch.intermediate_size / dense_tp
@@ -131,58 +101,9 @@ def _normal_kernels(ctx: PoolContext, where: str) -> list[Finding]:
     ]
 
 
-def _dispatch_cap(spec: MoEDeploymentSpec, ctx: PoolContext, args: list[str], where: str) -> list[Finding]:
-    if not ctx.low_latency or ctx.layout.ep_size <= 1 or ctx.role == "prefill":
-        return []
-    cap = _int(_env_value(spec, ctx.pool, DISPATCH_CAP_ENV)) or DISPATCH_CAP_DEFAULT
-    if cap > DISPATCH_CAP_MAX:
-        return [
-            Finding(
-                "refuse",
-                "spec.engine.env",
-                f"{DISPATCH_CAP_ENV}={cap}: SGLang asserts at most {DISPATCH_CAP_MAX} "
-                "(token_dispatcher/deepep.py); lower it and --max-running-requests with it",
-            )
-        ]
-    out: list[Finding] = []
-    dp = ctx.layout.attention_dp
-    mrr = _int(_last(args, "max_running_requests"))
-    if mrr is None:
-        out.append(
-            Finding(
-                "refuse",
-                f"{where}.extraArgs",
-                f"{where}: nothing bounds the running requests of a rank under DeepEP's low-latency cap "
-                f"({cap} tokens per rank): set --max-running-requests to at most {cap * dp} "
-                f"({cap} per attention-DP rank x {dp})",
-            )
-        )
-    elif mrr // dp > cap:
-        out.append(
-            Finding(
-                "refuse",
-                f"{where}.extraArgs",
-                f"{where}: --max-running-requests {mrr} is {mrr // dp} per attention-DP rank, above "
-                f"DeepEP's low-latency dispatch cap {DISPATCH_CAP_ENV}={cap}: a full rank fails DeepEP's "
-                f"assertion. Lower it to {cap * dp} or raise the cap (at most {DISPATCH_CAP_MAX})",
-            )
-        )
-    graph = _int(_last(args, "cuda_graph_max_bs_decode"))
-    if graph is not None and graph > cap:
-        out.append(
-            Finding(
-                "refuse",
-                f"{where}.extraArgs",
-                f"{where}: --cuda-graph-max-bs-decode {graph} captures batches above DeepEP's "
-                f"low-latency dispatch cap {cap}: capture fails. Lower it to {cap} or raise the cap",
-            )
-        )
-    return out
-
-
 def _chunk(ctx: PoolContext, args: list[str], where: str) -> list[Finding]:
     dp = ctx.layout.attention_dp
-    chunk = _int(_last(args, "chunked_prefill_size"))
+    chunk = as_int(last_value(args, "chunked_prefill_size"))
     if ctx.role == "decode" or dp <= 1 or chunk is None or chunk <= 0 or chunk // dp >= CHUNK_PER_RANK // 4:
         return []
     return [

@@ -26,6 +26,7 @@ class PoolContext:
     deepep_mode: str  # as the pool asks ("auto", "normal", "low_latency")
     kv_backend: str | None  # KV transfer backend in P/D, else None
     rdma: bool  # the pods get RDMA NICs (spec.topology.rdmaResourceName, or the profile's)
+    user_cap: int | str | None  # the spec's dispatch cap: its literal value, "ref" (valueFrom), or None
 
     @property
     def deepep(self) -> bool:
@@ -46,6 +47,25 @@ class PoolContext:
         return self.deepep and self.deepep_mode in ("low_latency", "auto")
 
 
+DISPATCH_CAP_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+"""DeepEP's low-latency buffer size in tokens per rank (SGLang 0.5.23 srt/environ.py, default 128)."""
+
+
+def _user_cap(spec: MoEDeploymentSpec) -> int | str | None:
+    """spec.engine.env's dispatch cap (the last entry wins): an int, "ref" for a valueFrom (unknowable
+    here), the raw string when it is not an integer, or None when the spec leaves it to the recipe."""
+    found: int | str | None = None
+    for entry in spec.engine.env:
+        if entry.get("name") != DISPATCH_CAP_ENV:
+            continue
+        if "value" not in entry:
+            found = "ref"
+            continue
+        raw = str(entry["value"]).strip()
+        found = int(raw) if raw.lstrip("-").isdigit() else raw
+    return found
+
+
 def pool_context(spec: MoEDeploymentSpec, pool: Pool) -> PoolContext:
     p = pools(spec)[pool]
     layout = pool_layout(p, spec.topology)
@@ -62,4 +82,5 @@ def pool_context(spec: MoEDeploymentSpec, pool: Pool) -> PoolContext:
         deepep_mode=p.deepep_mode,
         kv_backend=spec.kv_transfer.backend if spec.prefill is not None else None,
         rdma=bool(spec.topology.rdma_resource_name),
+        user_cap=_user_cap(spec),
     )

@@ -10,11 +10,10 @@ from moe_contract.flags import engine_catalog, resolve, router_catalog
 
 from ..api import MoEDeploymentSpec
 from ..api.derived import Pool
-from .context import PoolContext, pool_context
+from .context import DISPATCH_CAP_ENV, PoolContext, pool_context
 from .setting import Setting
 from .startup import startup_timeout_s
 
-DISPATCH_CAP_ENV = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 DISPATCH_CAP_DEFAULT = 128
 """SGLang 0.5.23 srt/environ.py: the low-latency dispatch cap's default."""
 DISPATCH_CAP_MAX = 1024
@@ -31,8 +30,12 @@ def _arg(name: str, value: object, rule: str, source: str) -> Setting:
 
 
 def batch_per_rank(ctx: PoolContext) -> int:
-    """Running requests one attention-DP rank holds: the profile's, else DeepEP's default cap."""
-    return ctx.profile.batch_per_rank if ctx.profile else DISPATCH_CAP_DEFAULT
+    """Running requests one attention-DP rank holds: the profile's, else DeepEP's default cap; never
+    more than a dispatch cap the spec sets itself (a low-latency rank must not exceed it)."""
+    batch = ctx.profile.batch_per_rank if ctx.profile else DISPATCH_CAP_DEFAULT
+    if isinstance(ctx.user_cap, int) and 0 < ctx.user_cap <= DISPATCH_CAP_MAX and ctx.low_latency:
+        batch = min(batch, ctx.user_cap)
+    return batch
 
 
 def effective_deepep_mode(ctx: PoolContext) -> str:
@@ -72,7 +75,9 @@ def dp_lm_head(ctx: PoolContext) -> list[Setting]:
 
 
 def chunked_prefill(ctx: PoolContext) -> list[Setting]:
-    if ctx.role == "decode" or ctx.layout.attention_dp <= 1:
+    # Only beside the profile's memory fraction: SGLang sizes its default fraction from the flag's
+    # undivided value (arg_groups/memory_hook.py), which at 16384 x DP leaves nothing for weights.
+    if ctx.role == "decode" or ctx.layout.attention_dp <= 1 or ctx.profile is None:
         return []
     return [
         _arg(
@@ -148,7 +153,7 @@ def two_batch_overlap(ctx: PoolContext) -> list[Setting]:
 
 
 def memory_fraction(ctx: PoolContext) -> list[Setting]:
-    if not (ctx.wide and ctx.profile):
+    if not (ctx.profile and (ctx.wide or chunked_prefill(ctx))):
         return []
     return [
         _arg(
@@ -242,12 +247,23 @@ RULES: tuple[Rule, ...] = (
 
 
 def derive_pool(spec: MoEDeploymentSpec, pool: Pool) -> list[Setting]:
-    """Every setting the recipe derives for one pool, flags first (before any user override)."""
+    """Every setting the recipe derives for one pool, flags first (before any user override), less
+    those spec.engine.recipeExclude leaves out."""
     ctx = pool_context(spec, pool)
     out = [s for rule in RULES for s in rule(ctx)]
     out += watchdog(ctx, startup_timeout_s(spec))
     out += kernel_cache_env(spec)
-    return sorted(out, key=lambda s: s.kind)
+    excluded = set(spec.engine.recipe_exclude)
+    return sorted((s for s in out if s.name not in excluded), key=lambda s: s.kind)
+
+
+CONFLICTS: dict[str, frozenset[str]] = {
+    "--enable-dp-lm-head": frozenset({"enable_tp_lm_head_all_to_all"}),
+    "--enable-two-batch-overlap": frozenset({"enable_unified_memory"}),
+}
+"""Derived switches SGLang refuses beside a flag the user sets (its argparse dest): the user's flag
+wins and the switch is left out. 0.5.23 arg_groups/overrides.py (DP LM head vs TP LM head
+all-to-all), arg_groups/kv_cache_hook.py (unified memory vs two-batch overlap)."""
 
 
 def user_args(spec: MoEDeploymentSpec, pool: Pool) -> list[str]:
@@ -263,7 +279,11 @@ def kept(settings: Iterable[Setting], user: list[str], user_env: Iterable[str]) 
     return [
         s
         for s in settings
-        if (s.kind == "arg" and catalog.flag(s.name).dest not in overridden)
+        if (
+            s.kind == "arg"
+            and catalog.flag(s.name).dest not in overridden
+            and not CONFLICTS.get(s.name, frozenset()) & overridden
+        )
         or (s.kind == "env" and s.name not in names)
     ]
 

@@ -11,7 +11,6 @@ over NVLink between them). Shape as in Dynamo's GB200 Kubernetes recipes.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from moe_operator.render import labels as L
@@ -31,26 +30,24 @@ def channel_template_name(cd_name: str) -> str:
 
 
 def compute_domains(owner_name: str, namespace: str, plan: TopologyPlan) -> list[dict[str, Any]]:
-    """The ComputeDomains of the planned multi-node instances (owner references are added by the caller)."""
-    nodes: Counter[str] = Counter()
-    for site in plan.sites:
-        if site.kind == "nvlink" and len(site.nodes) > 1:
-            nodes[site.domain] += len(site.nodes)
-    out = []
-    for domain, count in sorted(nodes.items()):
-        name = compute_domain_name(owner_name, domain)
-        out.append(
-            {
-                "apiVersion": COMPUTE_DOMAIN_API_VERSION,
-                "kind": "ComputeDomain",
-                "metadata": {"name": name, "namespace": namespace},
-                "spec": {
-                    "numNodes": count,
-                    "channel": {"resourceClaimTemplate": {"name": channel_template_name(name)}},
-                },
-            }
-        )
-    return out
+    """The ComputeDomains of the planned multi-node instances (owner references are added by the caller).
+
+    numNodes is 0: NVIDIA's CRD makes a ComputeDomain's spec immutable and deprecates numNodes (0 is
+    its recommendation with IMEX daemons named by DNS, the default since driver 0.2), so a domain never
+    has to change when the deployment scales within it."""
+    domains = sorted({s.domain for s in plan.sites if s.kind == "nvlink" and len(s.nodes) > 1})
+    return [
+        {
+            "apiVersion": COMPUTE_DOMAIN_API_VERSION,
+            "kind": "ComputeDomain",
+            "metadata": {"name": (name := compute_domain_name(owner_name, domain)), "namespace": namespace},
+            "spec": {
+                "numNodes": 0,
+                "channel": {"resourceClaimTemplate": {"name": channel_template_name(name)}},
+            },
+        }
+        for domain in domains
+    ]
 
 
 def pod_claims(owner_name: str, domain: str) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:

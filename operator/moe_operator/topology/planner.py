@@ -197,6 +197,18 @@ def _place_one(
     fitting = [d for d in domains if len(d.nodes) >= req.nodes_per_instance]
     if not fitting:
         return _waiting(req, index, domains, by_name, policy)
+    if policy.colocate_pools:
+        fitting_here = _beside_other_pools(fitting, req, sites, by_name, policy)
+        if fitting_here is None:
+            return Waiting(
+                req.pool,
+                index,
+                "WaitingForCapacity",
+                f"{req.pool} instance {index} needs {req.nodes_per_instance} nodes with {req.gpus_per_node} free "
+                "GPUs in the NVLink domain of the other pool's instances (the KV cache moves over NVLink "
+                "only: the pods have no RDMA NIC); none has room",
+            )
+        fitting = fitting_here
 
     same_pool: defaultdict[tuple[str, str], int] = defaultdict(int)
     for p in sites.values():
@@ -226,6 +238,29 @@ def _place_one(
     return InstanceSite(
         req.pool, index, best.kind, best.label, best.name, tuple(sorted(n.name for n in chosen))
     )
+
+
+def _beside_other_pools(
+    fitting: list[_Domain],
+    req: PoolRequest,
+    sites: Mapping[tuple[str, int], InstanceSite],
+    by_name: Mapping[str, NodeInfo],
+    policy: TopologyPolicy,
+) -> list[_Domain] | None:
+    """The candidate domains inside the NVLink domains the other pools already use (all of them when
+    nothing is placed yet); None when none is."""
+    label = policy.nvlink_label or ""
+    taken = {
+        by_name[n].labels.get(label)
+        for p in sites.values()
+        if p.pool != req.pool
+        for n in p.nodes
+        if n in by_name
+    }
+    if not taken:
+        return fitting
+    inside = [d for d in fitting if all(n.labels.get(label) in taken for n in d.nodes)]
+    return inside or None
 
 
 def _waiting(

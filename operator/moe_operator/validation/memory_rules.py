@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..api.derived import (
@@ -22,6 +23,7 @@ from ..capacity.memory import (
     smallest_fitting_nodes,
 )
 from ..models.architecture import MoEArchitecture
+from ..recipe import effective_args
 from .common import gib
 from .flags import CONTEXT_LENGTH_FLAG, MEM_FRACTION_FLAG, flag_value
 from .problem import Problem
@@ -64,8 +66,15 @@ def check_memory(spec: MoEDeploymentSpec) -> list[Problem]:
 def _check_pool(
     spec: MoEDeploymentSpec, arch: MoEArchitecture, name: str, pool: PoolSpec, layout: InstanceLayout
 ) -> Problem | None:
-    args = [*spec.engine.extra_args, *pool.extra_args]
+    # What the engine runs with: the recipe's settings, then the user's (recipe.effective_args).
+    args = effective_args(spec, name)  # type: ignore[arg-type]
     fraction = _number(flag_value(args, MEM_FRACTION_FLAG), DEFAULT_USABLE_FRACTION)
+    if not 0 < fraction <= 1:
+        return Problem(
+            f"spec.{name}.extraArgs",
+            f"spec.{name}: --mem-fraction-static {flag_value(args, MEM_FRACTION_FLAG)} is not a fraction of "
+            "GPU memory: give a number above 0 and at most 1",
+        )
     min_tokens = int(_number(flag_value(args, CONTEXT_LENGTH_FLAG), DEFAULT_MIN_KV_TOKENS))
     gpu_bytes = parse_bytes(spec.topology.gpu_memory)
     b_param, b_kv = bytes_per_param(spec.model, arch), kv_bytes_per_element(spec.model)
@@ -117,7 +126,9 @@ def _divisible_nodes(arch: MoEArchitecture, layout: InstanceLayout, start: int, 
 
 
 def _number(value: str | None, default: float) -> float:
+    """The flag's number; nan and inf come back as -1 (no fraction, no token count)."""
     try:
-        return float(value) if value is not None else default
+        number = float(value) if value is not None else default
     except ValueError:
         return default
+    return number if math.isfinite(number) else -1.0

@@ -78,6 +78,9 @@ def parse_spec(spec: Mapping[str, Any]) -> tuple[MoEDeploymentSpec | None, list[
             names = [p for p in error["loc"] if isinstance(p, str) and p not in _BRANCH_TAGS]
             name = names[-1] if names else ""
             detail = error["msg"][:1].lower() + error["msg"][1:]
+            if error["type"] == "value_error":  # our own validators: the message already says the fix
+                problems[path] = Problem(path, f"{path}: {detail.removeprefix('value error, ')}")
+                continue
             # int-or-string fields fail once per branch: the last (string) branch explains best
             problems[path] = Problem(path, f"{path}: {detail}; {_fix(error, name)}")
         return None, list(problems.values())

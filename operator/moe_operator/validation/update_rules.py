@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..hardware import known_profile, lookup_profile
 from .problem import Problem
 
 
@@ -15,6 +16,15 @@ def _get(spec: Mapping[str, Any], path: str, default: Any = None) -> Any:
             return default
         node = node[part]
     return node
+
+
+def _gpus_per_node(spec: Mapping[str, Any]) -> Any:
+    """As the spec is read: written, else its hardware profile's, else 8."""
+    written = _get(spec, "topology.gpusPerNode")
+    hardware = _get(spec, "topology.hardware")
+    if written is None and isinstance(hardware, str) and known_profile(hardware):
+        return lookup_profile(hardware).gpus_per_node
+    return 8 if written is None else written
 
 
 def check_update(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> list[Problem]:
@@ -38,7 +48,16 @@ def check_update(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> list[P
                 "being served; create a new MoEDeployment for a different architecture",
             )
         )
-    old_gpus, new_gpus = _get(old_spec, "topology.gpusPerNode", 8), _get(spec, "topology.gpusPerNode", 8)
+    old_hw, new_hw = _get(old_spec, "topology.hardware"), _get(spec, "topology.hardware")
+    if old_hw != new_hw:
+        problems.append(
+            Problem(
+                "spec.topology.hardware",
+                f"spec.topology.hardware is immutable ({old_hw or 'unset'} -> {new_hw or 'unset'}): it shapes "
+                "every pod group; create a new MoEDeployment for other hardware",
+            )
+        )
+    old_gpus, new_gpus = _gpus_per_node(old_spec), _gpus_per_node(spec)
     if old_gpus != new_gpus:
         problems.append(
             Problem(
