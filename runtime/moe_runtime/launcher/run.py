@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from moe_runtime import exchange, recorder
 from moe_runtime.config import DEFAULT_TOKEN_FILE, ConfigError, PodEnv, load_config, pod_problems
 from moe_runtime.launcher import init_location
 from moe_runtime.launcher.args import build_command, engine_env
+from moe_runtime.launcher.startup import StartTracker
 from moe_runtime.launcher.supervisor import Supervisor
 from moe_runtime.sidecar.service import EngineCheck, RecorderSource, Sidecar, SidecarOptions
 from moe_runtime.sidecar.state import EngineLayout
@@ -127,10 +129,18 @@ async def launch(plan: LaunchPlan, opts: SidecarOptions | None = None) -> int:
         log.warning("%s", note)
     if plan.init.path:
         log.info("initial placement v%s from %s", plan.init.version, plan.init.source)
-    sup = Supervisor(plan.argv, plan.env, drain_s=plan.cfg.drain_seconds, grace_s=plan.cfg.grace_seconds)
+    start = StartTracker(time.time())
+    sup = Supervisor(
+        plan.argv,
+        plan.env,
+        drain_s=plan.cfg.drain_seconds,
+        grace_s=plan.cfg.grace_seconds,
+        on_line=lambda line: start.feed(line, time.time()),
+    )
     opts = opts or sidecar_options(plan)
     opts.alive = sup.alive
     sidecar = Sidecar(opts)
+    sidecar.state.start = start
     if plan.init.path is not None:
         doc = exchange.read_json(plan.init.path)
         if isinstance(doc, dict):

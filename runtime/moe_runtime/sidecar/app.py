@@ -2,7 +2,9 @@
 listeners"):
 
 API (port ``runtime``, every route needs ``Authorization: Bearer <token>``)
-  GET  /v1/status               identity, layout, placement, plugin counters, load source
+  GET  /v1/status               identity, engine state and start-up phase ("start": null when
+                                this runtime does not read the engine's output), layout,
+                                placement, plugin counters, load source
   GET  /v1/windows?after=&limit=&counts=&steps=   recent load windows, oldest first (steps:
                                 the newest window's step samples, when it has them)
   GET  /v1/windows/latest?steps=   the newest window
@@ -146,6 +148,7 @@ async def status(request: web.Request) -> web.Response:
             **identity.data,
             "version": __version__,
             "engine": {"ready": s.engine_ready, "reason": s.engine_reason, "draining": s.draining},
+            "start": s.start_status(),
             "layout": {
                 "num_layers": lay.num_layers,
                 "num_experts": lay.num_experts,

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from moe_contract.startup import START_PHASES
 from moe_runtime import exchange
 from moe_runtime.sidecar.state import Evaluation, SidecarState, Window
 
@@ -116,7 +117,8 @@ class RuntimeMetrics:
 
 
 class _DynamicCollector(Collector):
-    """Values computed at scrape time: placement versions and ages, plugin counters."""
+    """Values computed at scrape time: the engine's start-up phase, placement versions and ages,
+    plugin counters."""
 
     def __init__(self, state: SidecarState) -> None:
         self.state = state
@@ -124,6 +126,16 @@ class _DynamicCollector(Collector):
     def collect(self) -> Iterator[Any]:
         s = self.state
         now = time.time()
+        start = s.start_status()
+        if start is not None:  # no series where no engine output is read (sidecar, replay)
+            phases = GaugeMetricFamily(
+                P + "start_phase",
+                "The engine's start-up phase, read from its log (1 for the current phase).",
+                labels=["phase"],
+            )
+            for phase in START_PHASES:
+                phases.add_metric([phase], 1.0 if phase == start["phase"] else 0.0)
+            yield phases
         pushed = s.pushed
         yield GaugeMetricFamily(
             P + "placement_version",

@@ -1,5 +1,6 @@
 """What the sidecar knows: recent load windows (bounded ring), the operator's placement,
-the map the engine applied, and the plugin's counters. No I/O except the exchange files.
+the map the engine applied, the plugin's counters, and the engine's start-up phase. No I/O
+except the exchange files.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from moe_placement.maps import (
     validate_map,
 )
 from moe_runtime import exchange
+from moe_runtime.launcher.startup import StartTracker
 
 DEFAULT_RING = 64  # DeepSeek-V3 windows are ~125 kB each: 64 of them are ~8 MB
 
@@ -123,9 +125,10 @@ class SidecarState:
     pushed_received_at: float | None = None
     applied: Applied | None = None
     plugin_status: dict[str, Any] = field(default_factory=dict)
-    engine_ready: bool = False
+    _engine_ready: bool = False
     engine_reason: str = "not checked yet"
     draining: bool = False
+    start: StartTracker | None = None  # set by `launch`, which reads the engine's output
     _shares_src: IntArray | None = None
     _shares: FloatArray | None = None
     _trivial: IntArray | None = None
@@ -137,6 +140,26 @@ class SidecarState:
     def __post_init__(self) -> None:
         self.windows = deque(maxlen=self.ring_size)
         self.pushed = self._load_pushed()
+
+    # ------------------------------------------------------------ engine
+
+    @property
+    def engine_ready(self) -> bool:
+        return self._engine_ready
+
+    @engine_ready.setter
+    def engine_ready(self, ready: bool) -> None:
+        # Node ranks >= 1 log nothing when ready (their placeholder /health just starts
+        # answering): the first ready health check ends their start. On rank 0 /ready turns 200
+        # just before "The server is fired up and ready to roll!" (http_server.py:_wait_and_warmup).
+        self._engine_ready = ready
+        if ready and self.start is not None:
+            self.start.advance("ready", time.time())
+
+    def start_status(self) -> dict[str, Any] | None:
+        """The engine's start-up phase (StartTracker.snapshot); None when no engine output is read
+        here (`moe-runtime sidecar`, the replay engine)."""
+        return None if self.start is None else self.start.snapshot()
 
     # ------------------------------------------------------------ windows
 
