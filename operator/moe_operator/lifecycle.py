@@ -34,6 +34,14 @@ class PodState:
 
 
 @dataclass(frozen=True)
+class StartReport:
+    """The start-up phase the instance's leader engine reported, and when it entered it."""
+
+    phase: str
+    entered: datetime
+
+
+@dataclass(frozen=True)
 class GroupState:
     """What the operator knows of one instance: its StatefulSet's annotations and its pods."""
 
@@ -47,6 +55,16 @@ class GroupState:
     members: frozenset[str] = frozenset()  # pod UIDs of the running world, recorded once it formed
     moved: bool = False  # the planner gave the instance other nodes
     unready_limit_s: float = float("inf")  # a running rank unready longer than this breaks the world
+    start: StartReport | None = None  # the leader's start-up phase, while the group is not ready
+
+
+def progressing(group: GroupState, now: datetime) -> bool:
+    """The leader's engine entered its current start-up phase within the last half allowance: a slow
+    start that moves, not a hung one. It earns up to twice the allowance."""
+    s = group.start
+    return (
+        s is not None and s.phase != "ready" and (now - s.entered).total_seconds() < group.unready_limit_s / 2
+    )
 
 
 @dataclass(frozen=True)
@@ -91,11 +109,13 @@ def broken_reason(group: GroupState, now: datetime) -> str | None:
             return f"pod {p.name} (rank {p.rank}) was recreated alone"
         if p.phase == "Running" and not p.ready:
             since = max(p.ready_changed or p.created, group.epoch)
-            if (now - since).total_seconds() > group.unready_limit_s:
+            limit = group.unready_limit_s * (2 if progressing(group, now) else 1)
+            if (now - since).total_seconds() > limit:
                 # no running count in the message: it must read the same on every reconcile
+                where = f"; its leader's engine was in {group.start.phase}" if group.start else ""
                 return (
                     f"pod {p.name} (rank {p.rank}) stayed unready longer than spec.engine.startupTimeout "
-                    f"({group.unready_limit_s:.0f}s)"
+                    f"({group.unready_limit_s:.0f}s){where}"
                 )
     return None
 

@@ -34,6 +34,22 @@ class Condition(StatusObject):
     )
 
 
+class InstanceStart(StatusObject):
+    """One instance that is not ready yet."""
+
+    instance: int = Field(ge=0, description="Instance index in its pool.")
+    phase: str = Field(
+        max_length=32,
+        description="launching, distributed_init, loading_weights, kv_cache, cuda_graphs, deepgemm_warmup, "
+        'warmup or ready (docs/operator.md, "Start-up").',
+    )
+    phase_since: str | None = Field(
+        default=None,
+        description="When the leader's engine entered the phase.",
+        json_schema_extra={"format": "date-time"},
+    )
+
+
 class PoolStatus(StatusObject):
     """Instances of one pool as the operator last observed them."""
 
@@ -64,6 +80,12 @@ class PoolStatus(StatusObject):
         default=None, description="What runs each instance's pod group (spec.topology.groupBackend resolved)."
     )
     group_restarts: int = Field(default=0, ge=0, description="Whole-group restarts since creation.")
+    starting: list[InstanceStart] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Instances on their way up, with the start-up phase their leader's engine is in (read "
+        "from SGLang's own log by the runtime): a slow start shows as progress here.",
+    )
 
 
 class PoolsStatus(StatusObject):

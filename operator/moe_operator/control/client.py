@@ -19,6 +19,7 @@ from moe_contract.pod import SIDECAR_PORT
 
 TIMEOUT_S = 3.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a full ring of DeepSeek-V3 windows is ~30 MB of JSON
+MAX_STATUS_BYTES = 256 * 1024  # identity, counters and the start-up phase: a few kB
 MAX_PLACEMENT_BYTES = 2 * 1024 * 1024  # a map is L x (E + R) ints: DeepSeek-V3 ~70 kB of JSON
 MAX_REFUSAL_BYTES = 4096  # a refusal's reason, shown in status; the rest is never read
 # What a runtime sidecar (or the HTTP server under it) can answer a push with; any other status is
@@ -65,6 +66,10 @@ class RuntimeClient:
         """GET /v1/windows after a cursor (counts included, and the newest window's step samples)."""
         params = {"after": str(after), "counts": "true", "steps": "true"}
         return self._get_json(ip, "/v1/windows", params, MAX_ANSWER_BYTES)
+
+    def status(self, ip: str) -> dict[str, Any]:
+        """GET /v1/status: identity, engine state and start-up phase (small; read under a tight cap)."""
+        return self._get_json(ip, "/v1/status", {}, MAX_STATUS_BYTES)
 
     def placement(self, ip: str) -> dict[str, Any]:
         """GET /v1/placement: the version and map the runtime holds (checked by the caller)."""

@@ -28,6 +28,7 @@ from moe_operator.api.conditions import Reason
 from moe_operator.api.names import GROUP, PLURAL
 from moe_operator.handlers.indexes import CHILD_INDEXES, MANAGED, served_kinds
 from moe_operator.handlers.kube import KubeError
+from moe_operator.handlers.start_probe import read_starts
 from moe_operator.handlers.state import DeploymentState, OperatorState, operator_of
 from moe_operator.handlers.status_metrics import export_status
 from moe_operator.hardware import lookup_profile
@@ -140,7 +141,7 @@ def _steps(t: Target) -> None:
         for o in desired
         if o["kind"] == backend
     }
-    groups = group_states(spec, t.owner.name, group_objects, pods, plan, hashes)
+    groups = group_states(spec, t.owner.name, group_objects, pods, plan, hashes, read_starts(t, pods))
     actions = group_actions(groups, t.now, t.indexes["node_index"])
     posted = act_on_groups(t, actions, changes, backend)
     router = next((c for c in children if c["kind"] == "Deployment"), None)

@@ -21,6 +21,7 @@ from moe_operator.control.windows import History
 from moe_operator.handlers.kube import Kube
 from moe_operator.handlers.metrics import OperatorMetrics
 from moe_operator.handlers.wakeups import Wakeups
+from moe_operator.lifecycle import StartReport
 from moe_operator.reconcile.children import ChildKey
 from moe_operator.render.group import RuntimeSettings
 from moe_operator.validation.platform import DEFAULT_POLICY, PlatformPolicy
@@ -65,6 +66,8 @@ class DeploymentState:
     applied: dict[ChildKey, tuple[str, float]] = field(default_factory=dict)  # -> (spec hash, when)
     pools: dict[str, PoolState] = field(default_factory=dict)
     condition_reasons: dict[str, str] = field(default_factory=dict)  # condition type -> exported reason
+    # (pool, instance) -> (its leader's start-up phase, or None; when asked): handlers/start_probe.py
+    starts: dict[tuple[str, int], tuple[StartReport | None, float]] = field(default_factory=dict)
     compute_domain_noted: int | None = None  # generation whose missing ComputeDomain API an event named
     monitoring_noted: int | None = None  # generation whose skipped spec.monitoring objects an event named
 

@@ -10,7 +10,7 @@ from typing import Any
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import pool_layout, pools
-from moe_operator.lifecycle import GroupState, PodState
+from moe_operator.lifecycle import GroupState, PodState, StartReport
 from moe_operator.recipe import startup_timeout_s
 from moe_operator.render import labels as L
 from moe_operator.topology.planner import InstanceSite, TopologyPlan
@@ -91,6 +91,7 @@ def group_states(
     pods: Iterable[Mapping[str, Any]],
     plan: TopologyPlan,
     desired_hashes: Mapping[str, str] | None = None,
+    starts: Mapping[tuple[str, int], StartReport] | None = None,
 ) -> list[GroupState]:
     """One GroupState per existing instance group object (StatefulSet or LeaderWorkerSet) that the
     plan keeps. ``desired_hashes`` (instance name -> pod template hash just rendered) is the
@@ -135,6 +136,7 @@ def group_states(
                 members=frozenset(filter(None, ann.get(K.GROUP_MEMBERS, "").split(","))),
                 moved=old is not None and old.nodes != site.nodes,
                 unready_limit_s=startup_timeout_s(spec),
+                start=(starts or {}).get(site.key),
             )
         )
     return out

@@ -19,6 +19,7 @@ from moe_operator.api.conditions import (
 )
 from moe_operator.api.derived import pool_layout, pools
 from moe_operator.lifecycle import GroupState, is_ready, is_updated
+from moe_operator.reconcile.start import starting
 from moe_operator.render import labels as L
 from moe_operator.topology.planner import TopologyPlan
 
@@ -58,6 +59,7 @@ def pool_status(
             "attentionTensorParallel": layout.attention_tp,
             "groupBackend": backend,
             "groupRestarts": sum(g.restarts for g in mine),
+            "starting": starting(groups, pool),
         }
     return out
 
