@@ -271,7 +271,8 @@ INVALID_SPECS: tuple[InvalidSpec, ...] = (
         "spec.prefill",
         "cannot be added in place",
         "cel",
-        old_patch={"prefill": None},
+        # alone, decode also computes prompts: not on the low-latency kernels (the webhook refuses that)
+        old_patch={"prefill": None, "decode": {"deepepMode": "auto"}},
     ),
     InvalidSpec(
         "update-architecture",

@@ -75,6 +75,26 @@ NAME_RULES = [
         f"metadata.name must be at most {MAX_NAME_LENGTH} characters: child StatefulSets, Services and "
         "pods append suffixes and must stay within 63",
     ),
+    cel(
+        "self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')",
+        "metadata.name must be a DNS label (lower-case letters, digits and '-'): the operator's Services "
+        "and StatefulSets are named after it",
+    ),
+    cel(
+        "!has(self.spec.topology) || !has(self.spec.topology.groupBackend) "
+        "|| self.spec.topology.groupBackend == 'StatefulSet' || self.metadata.name.matches('^[a-z]')",
+        "metadata.name must start with a letter where instances may be LeaderWorkerSets "
+        "(spec.topology.groupBackend auto or LeaderWorkerSet): its webhook takes DNS-1035 names only",
+    ),
+    cel(
+        "!has(self.spec.topology) || !has(self.spec.topology.groupBackend) "
+        "|| self.spec.topology.groupBackend == 'StatefulSet' "
+        "|| (self.metadata.name.size() + string(self.spec.decode.replicas - 1).size() <= 42 "
+        "&& (!has(self.spec.prefill) || self.metadata.name.size() + string(self.spec.prefill.replicas - 1).size() <= 41))",
+        "metadata.name is too long for this many instances as LeaderWorkerSets: its controller names the "
+        "worker pods' revision label <name>-<pool>-<instance>-0-<hash>, at most 63 characters; shorten "
+        "the name or set spec.topology.groupBackend: StatefulSet",
+    ),
 ]
 
 

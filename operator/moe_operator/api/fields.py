@@ -9,4 +9,3 @@ from pydantic import StringConstraints
 Arg = Annotated[str, StringConstraints(max_length=1024)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
 IBDevice = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]+$", max_length=64)]
-LabelValue = Annotated[str, StringConstraints(max_length=63)]

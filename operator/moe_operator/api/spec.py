@@ -20,6 +20,7 @@ from .topology_spec import TopologySpec
 from .types import Duration, DurationRange, EmbeddedObject, LabelKey, Quantity
 
 DEFAULT_IMAGE = "lmsysorg/sglang:v0.5.23"
+ROUTER_METRICS_PORT = 29000  # the router's --prometheus-port, set by the operator
 
 
 # --------------------------------------------------------------------------- engine

@@ -9,8 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..hardware import known_profile, lookup_profile
 from .base import APIObject, cel, rules
-from .fields import LabelValue, Name
-from .types import EmbeddedObject, LabelKey, Quantity
+from .types import EmbeddedObject, LabelKey, LabelValue, Quantity, ResourceName
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery
 
@@ -47,9 +46,10 @@ class TopologySpec(APIObject):
         )
     )
 
-    hardware: LabelValue | None = Field(
+    hardware: str | None = Field(
         default=None,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
         description="Hardware profile of the nodes (h100-ib, h100-roce, h200-ib, h200-roce, b200-ib, "
         "gb200-nvl72, or one the platform adds): fills in gpusPerNode, gpuMemory, nvlinkDomainSize, "
         "hostNetwork, rdmaResourceName and the GPU nodeSelector where the spec leaves them out, and "
@@ -92,7 +92,7 @@ class TopologySpec(APIObject):
         "Default: the hardware profile's, else 80Gi.",
         json_schema_extra=_no_crd_default(),
     )
-    gpu_resource_name: Name = Field(
+    gpu_resource_name: ResourceName = Field(
         default="nvidia.com/gpu", description="Extended resource name the engine pods request GPUs by."
     )
     nvlink_domain_label: LabelKey = Field(
@@ -142,7 +142,7 @@ class TopologySpec(APIObject):
         "profile's, else false.",
         json_schema_extra=_no_crd_default(),
     )
-    rdma_resource_name: Name | None = Field(
+    rdma_resource_name: ResourceName | None = Field(
         default=None,
         description="Extended resource for RDMA NICs requested once per engine pod (for example rdma/ib "
         "or rdma/rdma_shared_device_a); unset requests none (or the hardware profile's).",

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Annotated, Any
 
-from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler, StringConstraints, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    StringConstraints,
+    WithJsonSchema,
+)
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
@@ -27,9 +33,25 @@ DURATION_PATTERN = r"^([0-9]+(ms|s|m|h))+$"
 PARAM_COUNT_PATTERN = r"^[0-9]+(\.[0-9]+)?[KMBT]?$"
 # A qualified Kubernetes label key: optional DNS-subdomain prefix, then a name.
 LABEL_KEY_PATTERN = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+    r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
+"""A Kubernetes qualified name (label key): optional DNS-subdomain prefix and '/', a name part of at
+most 63 characters; the prefix's 253-character limit is checked by _qualified_name."""
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
+RESOURCE_NAME_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*/"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+"""An extended resource name (nvidia.com/gpu, rdma/ib): always domain-qualified."""
+
+
+def _qualified_name(key: str) -> str:
+    prefix = key.rpartition("/")[0]
+    if len(prefix) > 253:
+        raise ValueError(f"the prefix of {key[:40]}... is longer than 253 characters")
+    return key
+
 
 _QUANTITY_SUFFIX: dict[str, Decimal] = {
     "": Decimal(1),
@@ -127,7 +149,11 @@ class DurationRange:
         return json_schema
 
 
-LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN, max_length=316)]
+LabelKey = Annotated[
+    str, StringConstraints(pattern=LABEL_KEY_PATTERN, max_length=317), AfterValidator(_qualified_name)
+]
+LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE_PATTERN, max_length=63)]
+ResourceName = Annotated[str, StringConstraints(pattern=RESOURCE_NAME_PATTERN, max_length=317)]
 
 EmbeddedObject = Annotated[dict[str, Any], WithJsonSchema(EMBEDDED_OBJECT)]
 """A Kubernetes object the operator passes through unchanged (volume source, toleration...)."""

@@ -13,7 +13,7 @@ from moe_contract.pod import SIDECAR_PORT, SIDECAR_PORT_NAME
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.derived import Pool, pools
-from moe_operator.api.spec import PoolSpec
+from moe_operator.api.spec import ROUTER_METRICS_PORT, PoolSpec
 from moe_operator.recipe import router_policy, router_role_policies, startup_timeout_s
 from moe_operator.render import labels as L
 from moe_operator.render.engine import engine_config
@@ -133,7 +133,16 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
     startup = math.ceil(startup_timeout_s(spec))
     workers = spec.decode.replicas if spec.prefill is None else spec.prefill.replicas + spec.decode.replicas
     policy = router_policy(r.policy, workers)
-    args = ["--host", "0.0.0.0", "--port", str(r.port), "--policy", policy, "--prometheus-port", "29000"]
+    args = [
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(r.port),
+        "--policy",
+        policy,
+        "--prometheus-port",
+        str(ROUTER_METRICS_PORT),
+    ]
     args += ["--worker-startup-timeout-secs", str(startup)]
     # Worker health by SGLang's cheap /ready: the router's default /health makes SGLang 0.5.23
     # generate a token (1-20 s under load), beyond the router's 5 s health-check timeout.
@@ -154,7 +163,10 @@ def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]
         "name": "router",
         "image": image,
         "command": ["python3", "-c", ROUTER_LAUNCH, *args],  # control plane locked (ROUTER_LAUNCH)
-        "ports": [{"name": "http", "containerPort": r.port}, {"name": "metrics", "containerPort": 29000}],
+        "ports": [
+            {"name": "http", "containerPort": r.port},
+            {"name": "metrics", "containerPort": ROUTER_METRICS_PORT},
+        ],
         "readinessProbe": {"httpGet": {"path": "/readiness", "port": r.port}, "periodSeconds": 5},
         "livenessProbe": {
             "httpGet": {"path": "/liveness", "port": r.port},

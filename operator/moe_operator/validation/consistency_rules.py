@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ..api.spec import MoEDeploymentSpec
+from moe_contract import pod as P
+
+from ..api.spec import ROUTER_METRICS_PORT, MoEDeploymentSpec
 from ..api.types import parse_duration
 from .problem import Problem
 
@@ -18,6 +20,27 @@ def check_ports(spec: MoEDeploymentSpec) -> list[Problem]:
                 f"spec.engine.distInitPort ({engine.dist_init_port}) equals spec.engine.port; both listen "
                 "on the "
                 "leader pod: choose another port, such as 20102",
+            )
+        )
+    runtime = {P.SIDECAR_PORT: "API", P.PROBE_PORT: "probe", P.METRICS_PORT: "metrics"}
+    engine_ports = [("spec.engine.port", engine.port), ("spec.engine.distInitPort", engine.dist_init_port)]
+    if spec.prefill is not None:
+        engine_ports.append(("spec.kvTransfer.bootstrapPort", spec.kv_transfer.bootstrap_port))
+    for field, port in engine_ports:
+        if port in runtime:
+            problems.append(
+                Problem(
+                    field,
+                    f"{field} ({port}) is the runtime's {runtime[port]} port in every engine pod "
+                    f"({', '.join(str(p) for p in runtime)} are taken); choose another port",
+                )
+            )
+    if spec.router.port == ROUTER_METRICS_PORT:
+        problems.append(
+            Problem(
+                "spec.router.port",
+                f"spec.router.port ({ROUTER_METRICS_PORT}) is the router's metrics port; choose another, "
+                "such as 8000",
             )
         )
     if spec.prefill is not None and spec.kv_transfer.bootstrap_port in (engine.port, engine.dist_init_port):
