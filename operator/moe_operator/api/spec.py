@@ -120,7 +120,7 @@ class EngineSpec(APIObject):
         "restarts the whole group, as a duration such as 30m. Ranks of one NCCL/DeepEP world cannot "
         "rejoin singly, so a hung start always restarts the group. Unset: 60m for a multi-node "
         "instance of an FP8 block-quantised model (a cold start compiles DeepGEMM kernels; public "
-        "wide-EP deployments allow 45 to 100 minutes), else 30m. From 1m (no engine loads its weights "
+        "wide-EP deployments allow 45 to 100 minutes), 45m for one with kernelCacheClaim, else 30m. From 1m (no engine loads its weights "
         "and initialises faster, so less would restart every group in a loop) to 4h (a hung group "
         "holds whole GPU nodes that long).",
     )

@@ -13,6 +13,10 @@ COLD_DEEPGEMM_STARTUP_S = 60 * 60
 hundreds of GB of weights and capturing CUDA graphs). Public wide-EP deployments allow 45 minutes
 (llm-d wide-ep-lws startupProbe 2700 x 1 s) to 100 minutes (Dynamo's SGLang wide-EP recipes,
 600 x 10 s); 60 minutes sits between them."""
+WARM_DEEPGEMM_STARTUP_S = 45 * 60
+"""With spec.engine.kernelCacheClaim the compiled kernels survive group restarts: llm-d's 45 minutes.
+The first start on an empty cache is as slow as a cold one, which start-up progress covers (a start
+that keeps moving gets up to twice the allowance: docs/operator.md, "Start-up")."""
 
 
 def startup_timeout_s(spec: MoEDeploymentSpec) -> float:
@@ -22,4 +26,6 @@ def startup_timeout_s(spec: MoEDeploymentSpec) -> float:
     arch = resolve_architecture(spec.model)
     deepgemm = arch is not None and arch.fp8_block is not None and weight_dtype(spec.model, arch) == "fp8"
     multi_node = any(p.nodes_per_replica > 1 for p in pools(spec).values())
-    return float(COLD_DEEPGEMM_STARTUP_S if deepgemm and multi_node else DEFAULT_STARTUP_S)
+    if not (deepgemm and multi_node):
+        return float(DEFAULT_STARTUP_S)
+    return float(WARM_DEEPGEMM_STARTUP_S if spec.engine.kernel_cache_claim else COLD_DEEPGEMM_STARTUP_S)
