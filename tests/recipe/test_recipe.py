@@ -150,6 +150,7 @@ def test_start_up_allowance() -> None:
     assert startup_timeout_s(spec_of(H100)) == 3600  # multi-node FP8 block model: DeepGEMM compiles
     assert startup_timeout_s(spec_of(example("qwen3-30b-a3b-single-node.yaml"))) == 1800
     assert startup_timeout_s(spec_of(with_(H100, "engine.startupTimeout", "45m"))) == 2700
+    assert startup_timeout_s(spec_of(with_(H100, "engine.kernelCacheClaim", "kernels"))) == 2700  # warm
 
 
 # ---- admission ----------------------------------------------------------------------------------
