@@ -267,7 +267,16 @@ def test_policy_file_vocabulary_matches_the_rules() -> None:
         for c in obj["spec"]["template"]["spec"]["containers"]
         for e in c.get("env", [])
     }
-    assert set(literal_list("operatorEnv")) == rendered
+    # the recipe's variables (fabric, DeepEP cap) are neither the operator's MOE_* nor the runtime's:
+    # the policy lets them through unlisted, and none may carry a name it refuses
+    from moe_operator.hardware import load_profiles
+
+    recipe = {e.name for p in load_profiles().values() for e in p.env} | {
+        "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", "SGLANG_MOONCAKE_CUSTOM_MEM_POOL", "MC_FORCE_MNNVL",
+        "SGLANG_CACHE_DIR", "KERNEL_CACHE_NODE",
+    }  # fmt: skip
+    assert not {n for n in recipe if n.startswith(("MOE_", "LWS_")) or n in literal_list("launcherEnv")}
+    assert set(literal_list("operatorEnv")) == rendered - recipe
     assert {P.ENV_POD_IP, P.ENV_POD_NAME, "PYTHONPATH"} <= rendered
     # the shipped parameters are the operator's defaults
     params = next(
