@@ -13,6 +13,7 @@ import httpx
 import pytest
 import yaml
 
+from moe_operator.api import MoEDeploymentSpec
 from moe_sandbox.cluster import Sandbox
 from moe_sandbox.testing import wait_for
 from operator_harness import OperatorProcess, bind_model_volume, moed_path
@@ -106,9 +107,14 @@ def test_example_reaches_ready_in_one_domain_per_instance(
             domains = {node_labels(api, n).get(domain_label) for n in nodes}
             assert len(domains) == 1 and None not in domains, f"{pool}-{i} spans {domains}"
             gpus = {p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] for p in members}
-            assert gpus == {str(spec["topology"]["gpusPerNode"])}
-    # On H100 both decode instances fit a rack each: they are spread (fault isolation). On the
-    # two GB200 cliques the 18-node decode instance fills one, so both prefill instances share the other.
+            # as the spec is read: written, else its hardware profile's
+            assert gpus == {str(MoEDeploymentSpec.model_validate(spec).topology.gpus_per_node)}
+    # On H100 both decode instances fit a rack each: they are spread (fault isolation). On GB200 the
+    # pods have no RDMA NIC, so every prefill instance sits in the decode instance's clique (the KV
+    # cache moves over NVLink only).
+    if file == "deepseek-v3-gb200.yaml":
+        cliques = {node_labels(api, p["spec"]["nodeName"])[domain_label] for p in pods}
+        assert len(cliques) == 1, cliques
     if file == "deepseek-v3-pd-h100.yaml":
         doms = {
             node_labels(api, groups[("decode", str(i))][0]["spec"]["nodeName"])[domain_label]
