@@ -154,7 +154,9 @@ def test_hostile_runtime_answers_leave_memory_bounded_and_the_other_pool_balanci
     api: httpx.Client, namespace: str, moe_operator: OperatorProcess, tmp_path: Path
 ) -> None:
     bind_model_volume(api, namespace, "models")
-    assert api.post(moed_path(namespace), json=_spec("hostile")).status_code == 201
+    obj = _spec("hostile")
+    obj["spec"]["prefill"].update({"replicas": 2, "nodesPerReplica": 8})  # EP32: the replays' shape
+    assert api.post(moed_path(namespace), json=obj).status_code == 201, "spec refused"
     prefill = _leaders(api, namespace, "hostile", "prefill", 2)
     (decode,) = _leaders(api, namespace, "hostile", "decode", 1)
     token, _ = runtime_credentials(api, namespace, "hostile", tmp_path / "token")
