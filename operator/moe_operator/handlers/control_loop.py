@@ -25,7 +25,6 @@ import httpx
 import kopf
 import numpy as np
 
-from moe_contract.auth import instance_token
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api.conditions import Reason
 from moe_operator.api.derived import pool_layout, resolve_architecture, world_size
@@ -56,10 +55,10 @@ from moe_operator.control.publish import (
 )
 from moe_operator.control.windows import parse_windows
 from moe_operator.handlers.kube import KubeError
+from moe_operator.handlers.runtime_tokens import leader_tokens
 from moe_operator.handlers.state import InstanceMemo, OperatorState, PoolState, operator_of
 from moe_operator.reconcile.observe import trusted_pods
-from moe_operator.reconcile.token import instance_of, key_of
-from moe_operator.render.group import Owner, placement_config_name, token_secret_name
+from moe_operator.render.group import Owner, placement_config_name
 from moe_placement import document
 from moe_placement.maps import trivial_map
 
@@ -276,20 +275,6 @@ def publish_version(t: Tick, version: int, phy2log: Any, provenance: dict[str, A
     }
 
 
-def client_tokens(t: Tick, leaders: list[dict[str, Any]]) -> dict[str, str]:
-    """Each leader's instance token (pod IP -> token), derived from the deployment's key (its Secret
-    is created by the reconciler); when the key is gone or not the deployment's own, the reconciler
-    is told to look again (and recreate it), and no runtime is called with a token."""
-    secret = t.op.kube.get(
-        f"/api/v1/namespaces/{t.owner.namespace}/secrets/{token_secret_name(t.owner.name)}"
-    )
-    key = key_of(secret, t.owner.uid)
-    if key is None:
-        t.op.deployment(t.owner.uid).token_present = False
-        return {}
-    return {p["ip"]: instance_token(key, instance_of(p, t.owner.name)) for p in leaders}
-
-
 def evaluate_pool(t: Tick, leaders: list[dict[str, Any]], logger: Any) -> dict[str, Any] | None:
     """One tick for one pool, in named steps; returns the status.placement.<pool> fields to write."""
     s, eplb = t.state, t.spec.eplb
@@ -312,7 +297,7 @@ def evaluate_pool(t: Tick, leaders: list[dict[str, Any]], logger: Any) -> dict[s
         mode=eplb.mode, min_improvement=eplb.min_improvement, max_moves=eplb.max_moved_experts_per_refresh,
         min_interval_s=parse_duration(eplb.min_interval), bucket_s=max(1.0, refresh / 4), paused=paused,
     )  # fmt: skip
-    with RuntimeClient(client_tokens(t, leaders)) as client:
+    with RuntimeClient(leader_tokens(t.op, t.owner, leaders)) as client:
         failed, added = collect(t, client, leaders)
         note = (f"; unreachable: {', '.join(failed)}" if failed else "") + keep_history(
             t, policy.bucket_s, added

@@ -13,12 +13,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from moe_contract.auth import instance_token
 from moe_operator.control.client import RuntimeAnswerError, RuntimeClient
+from moe_operator.handlers.runtime_tokens import leader_tokens
 from moe_operator.lifecycle import StartReport
 from moe_operator.reconcile.start import start_report
-from moe_operator.reconcile.token import instance_of, key_of
-from moe_operator.render.group import token_secret_name
 
 if TYPE_CHECKING:
     from moe_operator.handlers.reconcile import Target
@@ -43,12 +41,8 @@ def read_starts(t: Target, pods: Sequence[Mapping[str, Any]]) -> dict[tuple[str,
         and now - cache.get((p["pool"], p["instance"]), (None, 0.0))[1] >= POLL_S
     ][:MAX_PER_RECONCILE]  # fmt: skip
     if due:
-        secret = t.op.kube.get(
-            f"/api/v1/namespaces/{t.owner.namespace}/secrets/{token_secret_name(t.owner.name)}"
-        )
-        key = key_of(secret, t.owner.uid)
-        if key is not None:
-            tokens = {p["ip"]: instance_token(key, instance_of(p, t.owner.name)) for p in due}
+        tokens = leader_tokens(t.op, t.owner, due)
+        if tokens:
             with RuntimeClient(tokens, timeout_s=TIMEOUT_S) as client:
                 for pod in due:
                     cache[(pod["pool"], pod["instance"])] = (_ask(client, pod["ip"]), now)

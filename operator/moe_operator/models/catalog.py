@@ -10,6 +10,8 @@ Add a model here, or describe it in ``spec.model.architecture``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .architecture import Attention, MoEArchitecture
 
 _DEEPSEEK_V3_MLA = Attention(
@@ -39,6 +41,25 @@ def _deepseek_v3_like(name: str, aliases: tuple[str, ...]) -> MoEArchitecture:
         intermediate_size=18432,
         fp8_block=(128, 128),
     )
+
+
+_QWEN3_235B = MoEArchitecture(
+    name="Qwen/Qwen3-235B-A22B",
+    layers=94,
+    dense_layers=0,
+    routed_experts=128,
+    shared_experts=0,
+    experts_per_token=8,
+    hidden_size=4096,
+    moe_intermediate_size=1536,
+    total_params=235_000_000_000,
+    active_params=22_000_000_000,
+    attention=Attention(kind="GQA", num_heads=64, kv_heads=4, head_dim=128),
+    vocab_size=151936,
+    max_context=40960,
+    aliases=("qwen3-235b-a22b", "qwen3-235b", "Qwen/Qwen3-235B-A22B-Instruct-2507"),
+    intermediate_size=12288,
+)
 
 
 CATALOG: tuple[MoEArchitecture, ...] = (
@@ -87,40 +108,13 @@ CATALOG: tuple[MoEArchitecture, ...] = (
         intermediate_size=18432,
         fp8_block=(128, 128),
     ),
-    MoEArchitecture(
-        name="Qwen/Qwen3-235B-A22B",
-        layers=94,
-        dense_layers=0,
-        routed_experts=128,
-        shared_experts=0,
-        experts_per_token=8,
-        hidden_size=4096,
-        moe_intermediate_size=1536,
-        total_params=235_000_000_000,
-        active_params=22_000_000_000,
-        attention=Attention(kind="GQA", num_heads=64, kv_heads=4, head_dim=128),
-        vocab_size=151936,
-        max_context=40960,
-        aliases=("qwen3-235b-a22b", "qwen3-235b", "Qwen/Qwen3-235B-A22B-Instruct-2507"),
-        intermediate_size=12288,
-    ),
-    MoEArchitecture(
+    _QWEN3_235B,
+    # The same model as published in FP8 (its quantization_config: weight_block_size [128, 128]).
+    replace(
+        _QWEN3_235B,
         name="Qwen/Qwen3-235B-A22B-FP8",
-        layers=94,
-        dense_layers=0,
-        routed_experts=128,
-        shared_experts=0,
-        experts_per_token=8,
-        hidden_size=4096,
-        moe_intermediate_size=1536,
-        total_params=235_000_000_000,
-        active_params=22_000_000_000,
-        attention=Attention(kind="GQA", num_heads=64, kv_heads=4, head_dim=128),
         native_dtype="fp8",
-        vocab_size=151936,
-        max_context=40960,
         aliases=("qwen3-235b-a22b-fp8", "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8"),
-        intermediate_size=12288,
         fp8_block=(128, 128),
     ),
     MoEArchitecture(

@@ -288,20 +288,20 @@ def kept(settings: Iterable[Setting], user: list[str], user_env: Iterable[str]) 
     ]
 
 
-def _env_names(spec: MoEDeploymentSpec) -> list[str]:
+def user_env_names(spec: MoEDeploymentSpec) -> list[str]:
     return [str(e.get("name")) for e in spec.engine.env if isinstance(e, Mapping)]
 
 
 def effective_args(spec: MoEDeploymentSpec, pool: Pool) -> list[str]:
     """The engine arguments of a pool: derived ones the user does not set, then the user's."""
     user = user_args(spec, pool)
-    derived = kept(derive_pool(spec, pool), user, _env_names(spec))
+    derived = kept(derive_pool(spec, pool), user, user_env_names(spec))
     return [a for s in derived for a in s.argv()] + user
 
 
 def effective_env(spec: MoEDeploymentSpec, pool: Pool) -> list[dict[str, Any]]:
     """Derived environment entries the user's spec.engine.env does not set (they go before it)."""
-    derived = kept(derive_pool(spec, pool), [], _env_names(spec))
+    derived = kept(derive_pool(spec, pool), [], user_env_names(spec))
     return [{"name": s.name, "value": s.value or ""} for s in derived if s.kind == "env"]
 
 

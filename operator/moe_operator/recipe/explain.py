@@ -6,7 +6,7 @@ from ..api import MoEDeploymentSpec
 from ..api.derived import pools
 from .checks import recipe_findings
 from .context import pool_context
-from .derive import derive_pool, kept, user_args
+from .derive import derive_pool, kept, user_args, user_env_names
 from .startup import startup_timeout_s
 
 
@@ -18,7 +18,7 @@ def explain(spec: MoEDeploymentSpec) -> str:
         f"start-up allowance: {int(startup_timeout_s(spec))} s"
         + (" (spec.engine.startupTimeout)" if spec.engine.startup_timeout else " (derived)"),
     ]
-    env_names = [str(e.get("name")) for e in spec.engine.env]
+    env_names = user_env_names(spec)
     for pool in pools(spec):
         ctx = pool_context(spec, pool)
         layout = ctx.layout
