@@ -74,6 +74,7 @@ class OperatorProcess:
         # Its own user, so the API server's audit log attributes every write (kopf's too) to it.
         kubeconfig = self.box.user_kubeconfig(self.user)
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+        env.setdefault("MOE_AUTOSCALE_INTERVAL_S", "2")  # the autoscaler's tick (30s in production)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         self.proc = subprocess.Popen(
             [
@@ -286,14 +287,16 @@ def start_replay(
     gpus: int,
     gpus_per_node: int,
     redundant: int,
+    role: str = "decode",
+    request_rate: float = 2.0,
 ) -> subprocess.Popen[bytes]:
     """A replay runtime (the real sidecar API over a simulated engine) on a leader pod's IP, port 9400,
-    checking tokens as the pod of ``instance`` does."""
+    checking tokens as the pod of ``instance`` does; SGLang's /metrics on the engine port (30000)."""
     args = [
         sys.executable, "-m", "moe_runtime.cli", "replay", "--host", ip, "--port", "9400",
         "--model", model, "--gpus", str(gpus), "--gpus-per-node", str(gpus_per_node),
         "--redundant", str(redundant), "--rebalance-iterations", "40", "--pass-interval", "0.01",
-        "--tokens-per-pass", "1024", "--planner", "off", "--token-file", str(token_file), "--role", "decode",
-        "--instance", instance,
+        "--tokens-per-pass", "1024", "--planner", "off", "--token-file", str(token_file), "--role", role,
+        "--instance", instance, "--request-rate", str(request_rate),
     ]  # fmt: skip
     return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)

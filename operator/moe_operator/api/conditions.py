@@ -44,6 +44,14 @@ class Reason(StrEnum):
     PLACEMENT_PUBLISHED = "PlacementPublished"
     PLACEMENT_ADOPTED = "PlacementAdopted"
     PLACEMENT_REFUSED = "PlacementRefused"
+    # events of the autoscaler (docs/autoscaling.md)
+    SCALING_OUT = "ScalingOut"
+    SCALED_OUT = "ScaledOut"
+    SCALE_OUT_ROLLED_BACK = "ScaleOutRolledBack"
+    DRAINING = "Draining"
+    DRAIN_CANCELLED = "DrainCancelled"
+    SCALED_IN = "ScaledIn"
+    DRAIN_TIMED_OUT = "DrainTimedOut"
     # events of the reconciler
     MONITORING_SKIPPED = "MonitoringSkipped"
     COMPUTE_DOMAIN_SKIPPED = "ComputeDomainSkipped"

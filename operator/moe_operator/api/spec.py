@@ -126,6 +126,111 @@ class EngineSpec(APIObject):
     )
 
 
+# --------------------------------------------------------------------------- autoscaling
+
+
+class LatencyTargets(APIObject):
+    """The service levels a pool is scaled to, as SGLang measures them on its servers."""
+
+    model_config = rules(
+        cel(
+            "has(self.ttft) || has(self.itl)",
+            "autoscaling.slo needs a target: set ttft (time to first token) or itl (inter-token latency)",
+        )
+    )
+
+    ttft: Annotated[Duration, DurationRange("10ms", "10m")] | None = Field(
+        default=None,
+        description="Time to first token at the percentile (SGLang's time_to_first_token_seconds, "
+        "observed on decode and standalone servers). The prefill pool of a P/D deployment is scaled "
+        "on it, measured at the decode pool; a standalone decode pool on it and on itl.",
+    )
+    itl: Annotated[Duration, DurationRange("1ms", "10s")] | None = Field(
+        default=None,
+        description="Inter-token latency at the percentile (SGLang's inter_token_latency_seconds). "
+        "The decode pool's target; a prefill pool generates no tokens and refuses it.",
+    )
+    percentile: int = Field(
+        default=90,
+        ge=50,
+        le=99,
+        description="Which percentile of the interval's latency must stay inside the targets, 50 "
+        "to 99 (higher percentiles need more of the interval's requests to be estimated).",
+    )
+
+
+class PoolAutoscalingSpec(APIObject):
+    """The operator sizes the pool to its SLO, whole instances at a time (docs/autoscaling.md)."""
+
+    model_config = rules(
+        cel(
+            "!has(self.minReplicas) || !has(self.maxReplicas) || self.minReplicas <= self.maxReplicas",
+            "autoscaling.minReplicas must not exceed maxReplicas",
+            ".minReplicas",
+        ),
+        cel(
+            "!has(self.mode) || self.mode != 'Operator' || has(self.slo)",
+            "autoscaling.mode Operator needs autoscaling.slo: the targets the pool is sized to",
+            ".slo",
+        ),
+    )
+
+    mode: Literal["Operator", "External"] = Field(
+        default="Operator",
+        description="Operator: the operator decides the pool's instances from its SGLang metrics "
+        "and spec.<pool>.replicas is only the starting size. External: replicas is the size, "
+        "left to people, a HorizontalPodAutoscaler or KEDA (the decode pool's replicas is the "
+        "scale subresource); the rest of this section is ignored.",
+    )
+    min_replicas: int = Field(
+        default=1, ge=1, le=256, description="Fewest instances, whatever the load (at least 1)."
+    )
+    max_replicas: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="Most instances. With spec.gpuBudget, the deployment's GPUs also bound growth.",
+    )
+    slo: LatencyTargets | None = Field(default=None, description="The latency targets the pool is sized to.")
+    boot_time: Annotated[Duration, DurationRange("30s", "2h")] = Field(
+        default="10m",
+        description="How long a new instance takes from creation to serving (image pull, weight "
+        "load, kernel warm-up). The autoscaler keeps capacity for the load that can arrive in "
+        "that time, and gives up on a scale-out whose instances are not ready after twice this.",
+    )
+    scale_out_cooldown: Annotated[Duration, DurationRange("10s", "1h")] = Field(
+        default="1m", description="Shortest time between two scale-outs of the pool."
+    )
+    scale_in_cooldown: Annotated[Duration, DurationRange("30s", "24h")] = Field(
+        default="2m",
+        description="Shortest time after any change before an instance is removed; removals are one "
+        "instance at a time.",
+    )
+    scale_in_window: Annotated[Duration, DurationRange("1m", "1h")] = Field(
+        default="10m",
+        description="Scale-in sizes the pool for the highest load of this window, so a dip shorter "
+        "than it removes nothing.",
+    )
+    drain_timeout: Annotated[Duration, DurationRange("10s", "2h")] = Field(
+        default="10m",
+        description="How long an instance being removed may take to finish its requests after the "
+        "router stops sending it new ones; after it the instance goes with what it still runs.",
+    )
+    target_utilization: int = Field(
+        default=90,
+        ge=50,
+        le=100,
+        description="Percent of the rate an instance can take at the SLO that the pool is planned "
+        "to: lower keeps more headroom against noise.",
+    )
+    burst_memory: Annotated[Duration, DurationRange("1m", "168h")] = Field(
+        default="6h",
+        description="Half-life of the remembered largest rise of load within one bootTime; the "
+        "pool keeps that much spare capacity. Longer meets the SLO through more bursts and costs "
+        "more GPU-hours (benchmarks/autoscale_bench.py measures the trade).",
+    )
+
+
 # --------------------------------------------------------------------------- pools
 
 
@@ -168,6 +273,11 @@ class PoolSpec(APIObject):
         "(SGLang --moe-a2a-backend). deepep is DeepSeek's RDMA/NVLink all-to-all; none runs the "
         "experts tensor-parallel with no expert parallelism (EP size 1, no expert placement), the "
         "only choice for a single-GPU instance.",
+    )
+    autoscaling: PoolAutoscalingSpec | None = Field(
+        default=None,
+        description="Scale the pool to an SLO (mode Operator) or leave its size to replicas (mode "
+        "External, the default without this section). docs/autoscaling.md.",
     )
     deepep_mode: Literal["auto", "normal", "low_latency"] = Field(
         default="auto",
@@ -449,3 +559,11 @@ class MoEDeploymentSpec(APIObject):
     )
     eplb: EPLBSpec = section(EPLBSpec, "Expert placement policy (EPLB) for every pool with EP size > 1.")
     monitoring: MonitoringSpec = section(MonitoringSpec, "Prometheus Operator objects and alert knobs.")
+    gpu_budget: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Most GPUs the engine pools may hold together while the operator scales them "
+        "(pools with autoscaling.mode Operator grow only inside it; it never forces a pool to "
+        "shrink). Unset: each pool's maxReplicas is its only bound.",
+    )

@@ -180,6 +180,72 @@ class RouterStatus(StatusObject):
     endpoint: str = Field(default="", max_length=1024, description="In-cluster URL clients send requests to.")
 
 
+class PoolAutoscalingStatus(StatusObject):
+    """What the autoscaler decided for one pool, and the numbers behind it (docs/autoscaling.md)."""
+
+    instances: int = Field(
+        default=0, ge=0, le=256, description="Instances the pool keeps, booting and draining ones included."
+    )
+    serving: int = Field(
+        default=0, ge=0, le=256, description="Instances the router sends requests to: the first this many."
+    )
+    need: int = Field(
+        default=0,
+        ge=0,
+        description="Instances the forecast load needs at the SLO, before min, max and budget.",
+    )
+    reason: str = Field(
+        default="",
+        max_length=32,
+        description="Last decision: steady, scale_out, scale_in, draining, drained, cooldown, booting, "
+        "budget, min_instances, rolled_back or no_data.",
+    )
+    message: str = Field(default="", max_length=2048, description="The decision in words, with its numbers.")
+    offered_rate: float | None = Field(
+        default=None, ge=0, description="Requests/s the pool was offered in the last interval."
+    )
+    forecast_rate: float | None = Field(
+        default=None,
+        ge=0,
+        description="Requests/s planned for: the lowest recent rate plus the remembered burst.",
+    )
+    rate_per_instance: float | None = Field(
+        default=None, ge=0, description="Requests/s one instance takes at the SLO, as the fitted model says."
+    )
+    latency: dict[str, float] | None = Field(
+        default=None,
+        description="Measured latency at the SLO's percentile in the last interval, seconds, by target (ttft, itl).",
+    )
+    token_usage: float | None = Field(
+        default=None, ge=0, description="Mean KV-cache use of the serving instances, 0 to 1."
+    )
+    last_scale_time: str | None = Field(
+        default=None, json_schema_extra={"format": "date-time"}, description="When instances last changed."
+    )
+    pending_since: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the current scale-out or drain began (absent when none is under way).",
+    )
+    blocked_until: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="No growth before this time: a scale-out was rolled back.",
+    )
+    model: str = Field(
+        default="",
+        max_length=16384,
+        description="The autoscaler's fitted model and recent rates (JSON, checked when read back).",
+    )
+
+
+class AutoscalingStatus(StatusObject):
+    """The autoscaler's state per pool; absent for pools it does not scale."""
+
+    prefill: PoolAutoscalingStatus | None = Field(default=None, description="Prefill pool.")
+    decode: PoolAutoscalingStatus | None = Field(default=None, description="Decode pool.")
+
+
 class MoEDeploymentStatus(StatusObject):
     """Observed state of an MoEDeployment."""
 
@@ -197,3 +263,6 @@ class MoEDeploymentStatus(StatusObject):
     pools: PoolsStatus | None = Field(default=None, description="Instance counts of each pool.")
     router: RouterStatus | None = Field(default=None, description="Router pods and endpoint.")
     placement: PlacementsStatus | None = Field(default=None, description="Expert placement of each pool.")
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None, description="Autoscaler decisions of the pools it scales (autoscaling.mode Operator)."
+    )

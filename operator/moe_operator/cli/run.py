@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
 
-    from moe_operator.handlers import control_loop, indexes, reconcile  # noqa: F401  (registers handlers)
+    from moe_operator.handlers import autoscale_loop, control_loop, indexes, reconcile  # noqa: F401  (registers handlers)
 
     if not args.no_webhook:
         # Imported only when served: kopf refuses to start with admission handlers and no server.
@@ -197,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         reconcile.on_child_event,
         reconcile.on_event,
         control_loop.control_timer,
+        autoscale_loop.autoscale_timer,
     )
     logging.getLogger("kopf.objects").addFilter(RoutineSuccessFilter(f.__name__ for f in routine))
     metrics = OperatorMetrics()

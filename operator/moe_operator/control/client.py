@@ -21,6 +21,7 @@ TIMEOUT_S = 3.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a full ring of DeepSeek-V3 windows is ~30 MB of JSON
 MAX_STATUS_BYTES = 256 * 1024  # identity, counters and the start-up phase: a few kB
 MAX_PLACEMENT_BYTES = 2 * 1024 * 1024  # a map is L x (E + R) ints: DeepSeek-V3 ~70 kB of JSON
+MAX_METRICS_BYTES = 8 * 1024 * 1024  # SGLang's /metrics: per-rank gauges of a wide instance, a few hundred kB
 MAX_REFUSAL_BYTES = 4096  # a refusal's reason, shown in status; the rest is never read
 # What a runtime sidecar (or the HTTP server under it) can answer a push with; any other status is
 # counted as http_other, so a peer cannot grow the pushes metric by one series per status code.
@@ -74,6 +75,21 @@ class RuntimeClient:
     def placement(self, ip: str) -> dict[str, Any]:
         """GET /v1/placement: the version and map the runtime holds (checked by the caller)."""
         return self._get_json(ip, "/v1/placement", {}, MAX_PLACEMENT_BYTES)
+
+    def engine_metrics(self, ip: str, port: int) -> str:
+        """GET SGLang's own /metrics on the engine's HTTP port (no token: SGLang serves it open)."""
+        started = time.monotonic()
+        try:
+            with self._http.stream("GET", f"http://{ip}:{port}/metrics") as resp:
+                if resp.status_code != 200:
+                    raise RuntimeAnswerError(f"HTTP {resp.status_code}")
+                body = bytearray()
+                cut = self._read(resp, body, MAX_METRICS_BYTES, started)
+                if cut:
+                    raise RuntimeAnswerError(cut)
+        except httpx.HTTPError as exc:
+            raise RuntimeAnswerError(type(exc).__name__) from exc
+        return body.decode("utf-8", errors="replace")
 
     def _get_json(self, ip: str, path: str, params: dict[str, str], max_bytes: int) -> dict[str, Any]:
         """A JSON object read under a byte cap and a deadline, else RuntimeAnswerError."""

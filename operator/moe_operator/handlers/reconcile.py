@@ -26,6 +26,7 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason
 from moe_operator.api.names import GROUP, PLURAL
+from moe_operator.autoscale.effective import effective_spec
 from moe_operator.handlers.indexes import CHILD_INDEXES, MANAGED, served_kinds
 from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.start_probe import read_starts
@@ -116,9 +117,10 @@ def reconcile(t: Target) -> None:
 
 
 def _steps(t: Target) -> None:
-    spec = check_spec(t)
-    if spec is None:
+    checked = check_spec(t)
+    if checked is None:
         return
+    spec, serving = effective_spec(checked, t.status)  # the autoscaler's sizes, where it scales
     backend = choose_backend(t, spec)
     if backend is None:
         return
@@ -130,7 +132,7 @@ def _steps(t: Target) -> None:
     monitoring = monitoring_kinds(t, spec)
     desired = render_children(
         spec, t.owner, plan, t.op.settings, placement_versions(t.status), backend, monitoring,
-        compute_domain_usable(t, spec),
+        compute_domain_usable(t, spec), serving,
     )  # fmt: skip
     observed = {(c["kind"], c["name"]): c for c in children}
     pods = trusted_pods(t.pods(), group_objects, t.owner.name)

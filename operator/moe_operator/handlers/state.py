@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from moe_operator.autoscale.signals import Scrape
 from moe_operator.control.windows import History
 from moe_operator.handlers.kube import Kube
 from moe_operator.handlers.metrics import OperatorMetrics
@@ -70,6 +71,8 @@ class DeploymentState:
     starts: dict[tuple[str, int], tuple[StartReport | None, float]] = field(default_factory=dict)
     compute_domain_noted: int | None = None  # generation whose missing ComputeDomain API an event named
     monitoring_noted: int | None = None  # generation whose skipped spec.monitoring objects an event named
+    # (pool, instance, leader pod uid) -> its last /metrics read: handlers/autoscale_loop.py
+    scrapes: dict[tuple[str, int, str], Scrape] = field(default_factory=dict)
 
     def remember_applied(self, key: ChildKey, spec_hash: str, now: float) -> None:
         self.applied[key] = (spec_hash, now)

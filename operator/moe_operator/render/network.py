@@ -8,7 +8,8 @@ allows, on the engine pods of one deployment (docs/security.md, "Runtime API"):
   P/D the KV transfer between the prefill and decode pools (bootstrap port and the transfer
   engine's ports);
 - SGLang's HTTP port from the deployment's router pods (requests and worker health checks);
-- the runtime API (bearer token) from the operator's pods (collector and placement pushes);
+- the runtime API (bearer token) from the operator's pods (collector and placement pushes), and
+  SGLang's HTTP port from them where a pool is autoscaled (the autoscaler reads its /metrics);
 - the runtime's metrics listener and SGLang's HTTP port (its /metrics) from Prometheus.
 
 The kubelet's probes are not affected: traffic from the pod's own node is always allowed. Pods on
@@ -124,6 +125,15 @@ def router_selector(name: str) -> dict[str, str]:
     return {K.DEPLOYMENT: name, "app.kubernetes.io/name": "moe-router"}
 
 
+def operator_ports(spec: MoEDeploymentSpec) -> list[int]:
+    """The runtime API; and SGLang's HTTP port (its /metrics) where the operator autoscales a pool."""
+    scaled = any(
+        p is not None and p.autoscaling is not None and p.autoscaling.mode == "Operator"
+        for p in (spec.prefill, spec.decode)
+    )
+    return [P.SIDECAR_PORT, spec.engine.port] if scaled else [P.SIDECAR_PORT]
+
+
 def network_policy(spec: MoEDeploymentSpec, owner: Owner, net: NetworkSettings) -> dict[str, Any]:
     """The deployment's engine pods' ingress allowlist (module docstring)."""
     http = spec.engine.port
@@ -131,7 +141,7 @@ def network_policy(spec: MoEDeploymentSpec, owner: Owner, net: NetworkSettings) 
         # Ranks, pools and SGLang among themselves: every port (NCCL picks its own).
         {"from": [{"podSelector": {"matchLabels": engine_selector(owner.name)}}]},
         {"from": [{"podSelector": {"matchLabels": router_selector(owner.name)}}], "ports": _tcp(http)},
-        {"from": [net.operator.selector()], "ports": _tcp(P.SIDECAR_PORT)},
+        {"from": [net.operator.selector()], "ports": _tcp(*operator_ports(spec))},
         {"from": [net.prometheus.selector()], "ports": _tcp(P.METRICS_PORT, http)},
     ]
     return {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from moe_contract.auth import DIGESTS_FILE, KEY_FIELD, digests_document
@@ -113,25 +114,31 @@ os.execv(sys.executable, argv)
 """
 
 
-def router_objects(spec: MoEDeploymentSpec, owner: Owner) -> list[dict[str, Any]]:
+def router_objects(
+    spec: MoEDeploymentSpec, owner: Owner, serving: Mapping[str, int] | None = None
+) -> list[dict[str, Any]]:
     """SGLang's router as a Deployment + Service, wired to every instance leader.
 
     Probes: /liveness (the process serves) and /readiness (503 until a worker is healthy, so the
     Service sends no traffic to a router without workers); /health is only a liveness alias. The
     router waits for its workers as long as an engine group may take to start (spec.engine.startupTimeout).
-    Its worker-management API is locked (ROUTER_LAUNCH).
+    Its worker-management API is locked (ROUTER_LAUNCH). ``serving``: how many of a pool's
+    instances the router lists (the autoscaler keeps booting and draining ones off the list).
     """
     r = spec.router
     port = spec.engine.port
     image = r.image or spec.engine.image
     version = router_catalog().version
 
+    def listed(pool: Pool) -> int:
+        replicas = pools(spec)[pool].replicas
+        return min(replicas, (serving or {}).get(pool, replicas))
+
     def urls(pool: Pool) -> list[str]:
-        p = pools(spec)[pool]
-        return [f"http://{leader_address(owner, pool, i)}:{port}" for i in range(p.replicas)]
+        return [f"http://{leader_address(owner, pool, i)}:{port}" for i in range(listed(pool))]
 
     startup = math.ceil(startup_timeout_s(spec))
-    workers = spec.decode.replicas if spec.prefill is None else spec.prefill.replicas + spec.decode.replicas
+    workers = sum(listed(pool) for pool in pools(spec))
     policy = router_policy(r.policy, workers)
     args = [
         "--host",

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..api.spec import MoEDeploymentSpec
 from .arg_rules import check_extra_args
+from .autoscaling_rules import check_autoscaling
 from .consistency_rules import check_eplb, check_ports
 from .memory_rules import check_gpu_memory, check_memory
 from .model_rules import check_model
@@ -87,6 +88,7 @@ RULES: tuple[Rule, ...] = (
     _spec_only(check_ports),
     _spec_only(check_eplb),
     _spec_only(check_recipe),
+    _spec_only(check_autoscaling),
 )
 
 

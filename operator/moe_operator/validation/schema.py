@@ -28,7 +28,10 @@ _PATTERN_HINTS = {
     "rackLabel": "use a Kubernetes label key such as topology.kubernetes.io/zone",
     "ibDevices": "use an RDMA device name such as mlx5_0",
 }
-_DURATION_FIELDS = {"refreshInterval", "minInterval", "history", "alertFor", "startupTimeout"}
+_DURATION_FIELDS = {
+    "refreshInterval", "minInterval", "history", "alertFor", "startupTimeout", "bootTime",
+    "scaleOutCooldown", "scaleInCooldown", "scaleInWindow", "drainTimeout", "burstMemory", "ttft", "itl",
+}  # fmt: skip
 
 
 def field_path(loc: Sequence[int | str], prefix: str = "spec") -> str:

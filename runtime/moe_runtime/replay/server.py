@@ -332,7 +332,12 @@ def replay_routes(engine: ReplayEngine, load: LoadModel) -> list[web.RouteDef]:
                 "rebalances": engine.rebalances,
                 "shifts": engine.shifts,
                 "recorder": {"recording": rec.recording, "dumps": rec.dumps} if rec else None,
-                "load": {"request_rate": snap.rate, "running": snap.running, "queued": snap.queued},
+                "load": {
+                    "request_rate": snap.rate,
+                    "running": snap.running,
+                    "queued": snap.queued,
+                    "dropped": load.dropped,
+                },
                 "last_decision": {"source": d.source, "version": d.version, "reason": d.reason}
                 if d
                 else None,

@@ -1,0 +1,161 @@
+"""The autoscaler's state in status and back: written by the operator, read as untrusted.
+
+Anyone allowed to write the status subresource could put anything there, so reading it back
+checks every number (finite, in range, bounded lengths) and falls back to a fresh state with
+a note rather than trusting or failing on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from .decide import HISTORY_S, PoolDecision, PoolObservation, PoolState
+from .model import Fit
+from .scale import Scale, Step
+
+MAX_RATES = 480  # two hours of 15 s ticks
+MAX_MODEL_CHARS = 16384
+METRICS = ("ttft", "itl")
+
+
+def _iso(t: float | None) -> str | None:
+    return None if t is None else datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _epoch(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+
+
+def _num(value: Any, low: float = 0.0, high: float = 1e12) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError("not a finite number")
+    if not low <= value <= high:
+        raise ValueError(f"{value} outside [{low}, {high}]")
+    return float(value)
+
+
+def _fit(raw: Any) -> Fit:
+    if not isinstance(raw, list) or len(raw) != 8:
+        raise ValueError("a fit is 8 numbers")
+    base, mu = _num(raw[0], 1e-6, 3600), _num(raw[1], 1e-9, 1e9)
+    w = _num(raw[2], 0, 1e6)
+    sums = (
+        w,
+        _num(raw[3], -1e15, 1e15),
+        _num(raw[4], -1e15, 1e15),
+        _num(raw[5], 0, 1e15),
+        _num(raw[6], -1e15, 1e15),
+    )
+    return Fit(base_s=base, mu=mu, sums=sums, samples=int(_num(raw[7], 0, 1e12)))
+
+
+def read_model(text: str, metrics: tuple[str, ...], now: float) -> PoolState | None:
+    """The decision state kept in status, or None when absent or not to be trusted."""
+    if not text or len(text) > MAX_MODEL_CHARS:
+        return None
+    try:
+        doc = json.loads(text)
+        if not isinstance(doc, dict):
+            return None
+        fits_raw = doc.get("fits") or {}
+        if not isinstance(fits_raw, dict) or set(fits_raw) != set(metrics):
+            return None  # the targets changed: start the model again
+        fits = {m: _fit(fits_raw[m]) for m in metrics}
+        rates_raw = doc.get("rates") or []
+        if not isinstance(rates_raw, list) or len(rates_raw) > MAX_RATES:
+            return None
+        rates = tuple(
+            (_num(p[0], now - HISTORY_S - 60, now + 60), _num(p[1], 0, 1e7))
+            for p in rates_raw
+            if isinstance(p, list) and len(p) == 2
+        )
+        if any(b[0] < a[0] for a, b in itertools.pairwise(rates)):
+            return None
+
+        def opt(key: str) -> float | None:
+            v = doc.get(key)
+            return None if v is None else _num(v, 0, now + 60)
+
+        return PoolState(
+            instances=0,
+            fits=fits,
+            rates=rates,
+            last_out=opt("lastOut"),
+            last_in=opt("lastIn"),
+            queued=_num(doc.get("queued", 0.0), 0, 1e9),
+            surge=_num(doc.get("surge", 0.0), 0, 1e7),
+        )
+    except (ValueError, TypeError, IndexError, RecursionError):
+        return None
+
+
+def write_model(state: PoolState) -> str:
+    doc = {
+        "fits": {m: [f.base_s, f.mu, *f.sums, f.samples] for m, f in sorted(state.fits.items())},
+        "rates": [[round(t, 1), round(r, 4)] for t, r in state.rates[-MAX_RATES:]],
+        "lastOut": state.last_out,
+        "lastIn": state.last_in,
+        "queued": round(state.queued, 3),
+        "surge": round(state.surge, 4),
+    }
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def read_scale(raw: Mapping[str, Any], fallback: Scale, hi: int) -> Scale:
+    """The pool's size as status holds it, inside the spec's bounds; the fallback when unreadable."""
+    try:
+        instances, serving = int(_num(raw["instances"], 0, 256)), int(_num(raw["serving"], 0, 256))
+    except (KeyError, ValueError, TypeError):
+        return fallback
+    if serving > instances or instances == 0:
+        return fallback
+    pending = _epoch(raw.get("pendingSince"))
+    draining = raw.get("reason") == "draining" and instances - serving == 1 and pending is not None
+    return Scale(
+        instances=min(instances, max(hi, serving)),
+        serving=serving,
+        pending_since=pending,
+        last_change=_epoch(raw.get("lastScaleTime")),
+        blocked_until=_epoch(raw.get("blockedUntil")),
+        draining=draining,
+    )
+
+
+def write_pool(
+    scale: Scale, step: Step, decision: PoolDecision, obs: PoolObservation | None
+) -> dict[str, Any]:
+    reason = step.reason or decision.reason
+    message = step.message or decision.message
+    out: dict[str, Any] = {
+        "instances": scale.instances,
+        "serving": scale.serving,
+        "need": max(0, min(decision.need, 1_000_000)),
+        "reason": reason[:32],
+        "message": message[:2048],
+        "lastScaleTime": _iso(scale.last_change),
+        "pendingSince": _iso(scale.pending_since),
+        "blockedUntil": _iso(scale.blocked_until),
+        "model": write_model(decision.state),
+    }
+    if obs is not None:
+        n = decision.numbers
+        out.update(
+            offeredRate=round(n.get("offeredRate", obs.rate), 4),
+            forecastRate=round(n.get("forecastRate", obs.rate), 4),
+            tokenUsage=round(obs.token_usage, 4),
+            latency={m: round(v, 6) for m, v in obs.latency.items() if v is not None},
+        )
+        per = [v for k, v in n.items() if k.endswith("RatePerInstance")]
+        if per:
+            out["ratePerInstance"] = round(min(per), 4)
+    return out

@@ -1,0 +1,43 @@
+"""The size the reconciler renders: the autoscaler's, for the pools it scales (pure).
+
+For a pool with autoscaling.mode Operator, status.autoscaling holds the instances to keep and
+how many of them the router lists; spec.<pool>.replicas is only where the pool starts. A
+status that is missing or unreadable (restored from a backup, edited by hand) falls back to
+the spec's size inside the bounds, never to zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..api.derived import Pool, pools
+from ..api.spec import MoEDeploymentSpec
+from .codec import read_scale
+from .policy import scaled_pools
+from .scale import Scale, initial
+
+
+def pool_scales(spec: MoEDeploymentSpec, status: Mapping[str, Any]) -> dict[Pool, Scale]:
+    """Each scaled pool's size as status holds it (or where it starts)."""
+    auto = status.get("autoscaling")
+    auto = auto if isinstance(auto, Mapping) else {}
+    out: dict[Pool, Scale] = {}
+    for name, a in scaled_pools(spec).items():
+        fallback = initial(pools(spec)[name].replicas, a.min_replicas, a.max_replicas)
+        raw = auto.get(name)
+        out[name] = read_scale(raw, fallback, a.max_replicas) if isinstance(raw, Mapping) else fallback
+    return out
+
+
+def effective_spec(
+    spec: MoEDeploymentSpec, status: Mapping[str, Any]
+) -> tuple[MoEDeploymentSpec, dict[str, int]]:
+    """The spec with the autoscaler's instance counts, and the router's list length per scaled pool."""
+    scales = pool_scales(spec, status)
+    if not scales:
+        return spec, {}
+    update: dict[str, Any] = {
+        name: pools(spec)[name].model_copy(update={"replicas": s.instances}) for name, s in scales.items()
+    }
+    return spec.model_copy(update=update), {name: s.serving for name, s in scales.items()}

@@ -1,0 +1,48 @@
+"""A pool's autoscaling policy from the spec: the knobs as numbers the decision reads."""
+
+from __future__ import annotations
+
+from ..api.derived import Pool, pools, world_size
+from ..api.spec import MoEDeploymentSpec, PoolAutoscalingSpec
+from ..api.types import parse_duration
+from .decide import Objective, PoolPolicy, Width
+
+
+def scaled_pools(spec: MoEDeploymentSpec) -> dict[Pool, PoolAutoscalingSpec]:
+    """The pools the operator sizes (autoscaling.mode Operator), prefill first."""
+    return {
+        name: p.autoscaling
+        for name, p in pools(spec).items()
+        if p.autoscaling is not None and p.autoscaling.mode == "Operator"
+    }
+
+
+def objectives(a: PoolAutoscalingSpec) -> tuple[Objective, ...]:
+    if a.slo is None:
+        return ()
+    q = a.slo.percentile / 100
+    out = []
+    if a.slo.ttft is not None:
+        out.append(Objective("ttft", parse_duration(a.slo.ttft), q))
+    if a.slo.itl is not None:
+        out.append(Objective("itl", parse_duration(a.slo.itl), q))
+    return tuple(out)
+
+
+def pool_policy(spec: MoEDeploymentSpec, pool: Pool) -> PoolPolicy:
+    p = pools(spec)[pool]
+    a = p.autoscaling
+    assert a is not None
+    gpus = world_size(p, spec.topology)
+    return PoolPolicy(
+        objectives=objectives(a),
+        min_instances=a.min_replicas,
+        max_instances=a.max_replicas,
+        width=Width(nodes=p.nodes_per_replica, gpus=gpus, kv_tokens=0.0),
+        headroom=a.target_utilization / 100,
+        scale_out_cooldown_s=parse_duration(a.scale_out_cooldown),
+        scale_in_cooldown_s=parse_duration(a.scale_in_cooldown),
+        scale_in_window_s=parse_duration(a.scale_in_window),
+        boot_s=parse_duration(a.boot_time),
+        surge_half_life_s=parse_duration(a.burst_memory),
+    )

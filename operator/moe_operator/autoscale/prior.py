@@ -1,0 +1,25 @@
+"""Where a pool's model starts before it has measured anything.
+
+Without profiles of this model on this hardware, the honest starting point is the pool its
+author sized: it is taken to meet its SLO at its current load with room to spare, the no-load
+latency a third of the target and the current rate per instance half the divergence rate.
+The fit leaves this prior as soon as the load moves (model.py weighs it as 20 intervals).
+"""
+
+from __future__ import annotations
+
+from .decide import PoolObservation, PoolPolicy
+from .model import Fit
+
+MIN_MU = 0.01  # requests/s: a placeholder for an idle pool, replaced at its first load
+
+
+def prior(policy: PoolPolicy, obs: PoolObservation | None) -> dict[str, Fit]:
+    per = obs.rate / obs.serving if obs is not None and obs.serving else 0.0
+    return {o.metric: Fit(base_s=o.slo_s / 3, mu=max(2 * per, MIN_MU)) for o in policy.objectives}
+
+
+def seeded(fits: dict[str, Fit], policy: PoolPolicy, obs: PoolObservation | None) -> dict[str, Fit]:
+    """The fits, with any that never saw load replaced by the prior of this observation."""
+    fresh = prior(policy, obs)
+    return {m: (fresh[m] if f.samples == 0 or f.mu <= MIN_MU else f) for m, f in fits.items()}

@@ -1,0 +1,123 @@
+"""Acting on a decision gang-safely: whole instances, drained before they go, rolled back when stuck.
+
+A pool's size is two numbers: ``instances`` (groups that exist) and ``serving`` (the first
+that many are on the router's worker list). A scale-out creates groups first and puts them on
+the list only when every new one is ready; one that is not ready after twice the boot time is
+removed again (it could not be placed, or does not start) and growth pauses for a boot time.
+A scale-in takes the last instance off the list first, waits until it has finished what it
+runs (no running or queued request) or the drain timeout passes, and only then removes its
+group. Load that returns during a drain puts the warm instance back on the list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, replace
+
+MIN_DRAIN_S = 30.0  # the router's rollout: old router pods may still send until they are replaced
+
+
+@dataclass(frozen=True)
+class Scale:
+    instances: int
+    serving: int
+    pending_since: float | None = None  # a scale-out or a drain under way since
+    last_change: float | None = None
+    blocked_until: float | None = None  # no growth before (after a rollback)
+    draining: bool = False  # instance ``serving`` is off the router and finishing its requests
+
+
+@dataclass(frozen=True)
+class Step:
+    scale: Scale
+    reason: str  # a status word: scale_out, draining, drained, rolled_back, ...; empty: nothing happened
+    event: str = ""  # an event reason when something a user should see happened
+    message: str = ""
+
+
+def initial(replicas: int, lo: int, hi: int) -> Scale:
+    """Where a pool starts when the autoscaler first sees it: its spec size inside the bounds."""
+    n = min(max(replicas, lo), hi)
+    return Scale(instances=n, serving=n)
+
+
+def advance(
+    s: Scale,
+    want: int,
+    need: int,
+    ready: Collection[int],
+    idle: Collection[int],
+    now: float,
+    boot_s: float,
+    drain_timeout_s: float,
+) -> Step:
+    """One tick: ``want`` is the decision's size and ``need`` what the load needs (a drain is
+    cancelled only when the load needs the instance back, not while the decision merely keeps
+    the size it has); ``ready`` and ``idle`` are instance indexes as observed."""
+    if s.blocked_until is not None and now < s.blocked_until:
+        want = min(want, s.instances)
+    if s.draining:
+        return _drain(s, need, idle, now, drain_timeout_s)
+    if s.instances > s.serving:
+        return _grow(s, want, ready, now, boot_s)
+    if want > s.instances:
+        grown = replace(s, instances=want, pending_since=now, last_change=now)
+        return Step(
+            grown,
+            "scale_out",
+            "ScalingOut",
+            f"creating {want - s.instances} instance(s): {s.instances} -> {want}",
+        )
+    if want < s.instances:
+        n = s.instances - 1
+        drained = replace(s, serving=n, pending_since=now, last_change=now, draining=True)
+        return Step(
+            drained,
+            "draining",
+            "Draining",
+            f"instance {n} off the router; it finishes its requests, then goes",
+        )
+    return Step(s, "")
+
+
+def _drain(s: Scale, need: int, idle: Collection[int], now: float, timeout_s: float) -> Step:
+    leaving = s.serving
+    waited = now - (s.pending_since if s.pending_since is not None else now)
+    if need > s.serving:  # load came back: the warm instance serves again
+        back = replace(s, serving=s.instances, pending_since=None, last_change=now, draining=False)
+        return Step(back, "steady", "DrainCancelled", f"instance {leaving} back on the router: load needs it")
+    if waited >= MIN_DRAIN_S and leaving in idle:
+        gone = replace(s, instances=s.serving, pending_since=None, last_change=now, draining=False)
+        return Step(
+            gone,
+            "drained",
+            "ScaledIn",
+            f"instance {leaving} finished its requests after {waited:.0f}s; removed",
+        )
+    if waited >= timeout_s:
+        gone = replace(s, instances=s.serving, pending_since=None, last_change=now, draining=False)
+        return Step(
+            gone, "drained", "DrainTimedOut",
+            f"instance {leaving} still had requests after the {timeout_s:.0f}s drain timeout; removed",
+        )  # fmt: skip
+    return Step(s, "draining")
+
+
+def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float) -> Step:
+    new = range(s.serving, s.instances)
+    if all(i in ready for i in new):
+        up = replace(s, serving=s.instances, pending_since=None, last_change=now)
+        return Step(up, "scaled_out", "ScaledOut", f"{s.instances} instance(s) serving")
+    since = s.pending_since if s.pending_since is not None else now
+    if now - since > 2 * boot_s:
+        stuck = [i for i in new if i not in ready]
+        back = Scale(s.serving, s.serving, None, now, now + boot_s)
+        return Step(
+            back, "rolled_back", "ScaleOutRolledBack",
+            f"instance(s) {stuck} not ready {now - since:.0f}s after creation (bootTime x2): removed; "
+            f"no growth for {boot_s:.0f}s. See the pool's Progressing condition for why they did not start",
+        )  # fmt: skip
+    if want != s.instances:
+        target = max(want, s.serving)  # instances still booting can go; serving ones drain first
+        return Step(replace(s, instances=target), "scale_out" if target > s.instances else "booting")
+    return Step(s, "booting")

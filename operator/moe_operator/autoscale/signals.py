@@ -1,0 +1,178 @@
+"""What one instance's SGLang metrics say about one interval: rate, queue, KV use, latency.
+
+SGLang's metrics are cumulative (counters, histograms), so an interval is the difference of
+two scrapes of the same instance. The exposition is read from a peer the operator does not
+trust: only the families below are kept, values must be finite and non-negative, and a
+counter that went backwards (an engine restart) yields no sample rather than a negative one.
+Names are SGLang 0.5.23's (policies/prometheus/sglang-0.5.23.metrics.yaml).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+TTFT = "sglang:time_to_first_token_seconds"
+ITL = "sglang:inter_token_latency_seconds"
+REQUESTS = "sglang:num_requests"
+RUNNING = "sglang:num_running_reqs"
+QUEUED = "sglang:num_queue_reqs"
+TOKEN_USAGE = "sglang:token_usage"
+GEN_THROUGHPUT = "sglang:gen_throughput"
+GAUGES = (RUNNING, QUEUED, TOKEN_USAGE, GEN_THROUGHPUT)
+MAX_BUCKETS = 64  # SGLang's longest default has 23 bounds
+
+
+class ExpositionError(ValueError):
+    """Metrics text the autoscaler cannot use; the message is safe to show in status."""
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative bucket counts summed over label sets, by upper bound (``+Inf`` last)."""
+
+    uppers: tuple[float, ...]
+    counts: tuple[float, ...]
+
+    def minus(self, older: Histogram) -> Histogram | None:
+        if self.uppers != older.uppers:
+            return None
+        delta = tuple(a - b for a, b in zip(self.counts, older.counts, strict=True))
+        return None if any(d < 0 for d in delta) else Histogram(self.uppers, delta)
+
+    def quantile(self, q: float) -> float | None:
+        """Prometheus' histogram_quantile: linear inside the bucket; None without observations."""
+        total = self.counts[-1] if self.counts else 0.0
+        if total <= 0:
+            return None
+        rank = q * total
+        lower, below = 0.0, 0.0
+        for upper, cum in zip(self.uppers, self.counts, strict=True):
+            if cum >= rank:
+                if math.isinf(upper):
+                    return lower  # past the last finite bound: its value, as Prometheus does
+                inside = cum - below
+                return lower + (upper - lower) * ((rank - below) / inside if inside > 0 else 1.0)
+            lower, below = upper, cum
+        return lower
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One instance's cumulative metrics at one time (seconds, the operator's clock)."""
+
+    at: float
+    requests: float  # finished requests, all label sets
+    gauges: dict[str, float] = field(default_factory=dict)  # summed over ranks (token usage: mean)
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InstanceSample:
+    """One instance over one interval: what the autoscaler's model is fitted on."""
+
+    rate: float  # finished requests per second
+    running: float
+    queued: float
+    token_usage: float  # 0..1, mean over the instance's scheduler ranks
+    ttft: Histogram | None  # observations in the interval (None: the server does not observe it)
+    itl: Histogram | None
+
+
+def _finite(value: float, what: str) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise ExpositionError(f"{what} is {value!r}: metrics must be finite and non-negative")
+    return value
+
+
+def _histogram(samples: list[tuple[dict[str, str], float]], name: str) -> Histogram | None:
+    by_bound: dict[float, float] = {}
+    for labels, value in samples:
+        if "le" not in labels:
+            continue
+        try:
+            bound = float(labels["le"])
+        except ValueError as e:
+            raise ExpositionError(f"{name}: bucket bound {labels['le'][:20]!r} is not a number") from e
+        by_bound[bound] = by_bound.get(bound, 0.0) + value
+        if len(by_bound) > MAX_BUCKETS:
+            raise ExpositionError(f"{name}: more than {MAX_BUCKETS} buckets")
+    if not by_bound:
+        return None
+    uppers = tuple(sorted(by_bound))
+    if not math.isinf(uppers[-1]):
+        raise ExpositionError(f"{name}: no +Inf bucket")
+    counts = tuple(by_bound[u] for u in uppers)
+    if any(b < a for a, b in itertools.pairwise(counts)):
+        raise ExpositionError(f"{name}: bucket counts are not cumulative")
+    return Histogram(uppers, counts)
+
+
+def parse(text: str, at: float) -> Scrape:
+    """Read the series the autoscaler uses from an SGLang /metrics page.
+
+    Samples are matched by series name, not by family: how a parser groups ``_total`` and
+    ``_bucket`` samples under ``# TYPE`` lines is not something a peer should be able to steer.
+    """
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    wanted = {f"{REQUESTS}_total", *GAUGES, f"{TTFT}_bucket", f"{ITL}_bucket"}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in wanted:
+                    value = _finite(float(sample.value), sample.name)
+                    samples.setdefault(sample.name, []).append((dict(sample.labels), value))
+    except (ValueError, TypeError, IndexError) as e:
+        if isinstance(e, ExpositionError):
+            raise
+        raise ExpositionError(f"metrics text does not parse: {str(e)[:120]}") from e
+    requests = sum(v for _, v in samples.get(f"{REQUESTS}_total", []))
+    gauges: dict[str, float] = {}
+    for name in GAUGES:
+        values = [v for _, v in samples.get(name, [])]
+        if values:
+            gauges[name] = sum(values) / len(values) if name == TOKEN_USAGE else sum(values)
+    histograms = {}
+    for name in (TTFT, ITL):
+        h = _histogram(samples.get(f"{name}_bucket", []), name)
+        if h is not None:
+            histograms[name] = h
+    return Scrape(at=at, requests=requests, gauges=gauges, histograms=histograms)
+
+
+def between(older: Scrape, newer: Scrape) -> InstanceSample | None:
+    """The interval between two scrapes; None when it is empty or the engine restarted."""
+    dt = newer.at - older.at
+    if dt <= 0 or newer.requests < older.requests:
+        return None
+
+    def delta(name: str) -> Histogram | None:
+        a, b = newer.histograms.get(name), older.histograms.get(name)
+        if a is None:
+            return None
+        return a if b is None else a.minus(b)
+
+    g = newer.gauges
+    return InstanceSample(
+        rate=(newer.requests - older.requests) / dt,
+        running=g.get(RUNNING, 0.0),
+        queued=g.get(QUEUED, 0.0),
+        token_usage=min(1.0, g.get(TOKEN_USAGE, 0.0)),
+        ttft=delta(TTFT),
+        itl=delta(ITL),
+    )
+
+
+def merged(histograms: Sequence[Histogram | None]) -> Histogram | None:
+    """The pool's histogram: bucket counts added across instances with the same bounds."""
+    present = [h for h in histograms if h is not None]
+    if not present:
+        return None
+    first = present[0]
+    same = [h for h in present if h.uppers == first.uppers]
+    counts = tuple(sum(h.counts[i] for h in same) for i in range(len(first.uppers)))
+    return Histogram(first.uppers, counts)

@@ -1,0 +1,161 @@
+"""The autoscaler's shell: read SGLang's metrics, decide, act through status (docs/autoscaling.md).
+
+Every TICK_S, for each MoEDeployment with a pool in autoscaling.mode Operator:
+read each serving leader's /metrics -> the pools' intervals -> decide (autoscale.decide) ->
+trim to the GPU budget -> advance the drain/boot protocol (autoscale.scale) -> write
+status.autoscaling, post an event for what changed. The reconciler renders the sizes status
+holds (autoscale.effective), so this loop never writes a child itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import kopf
+
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api.conditions import Reason
+from moe_operator.api.derived import Pool, pools, world_size
+from moe_operator.api.names import GROUP, PLURAL
+from moe_operator.api.types import parse_duration
+from moe_operator.autoscale import codec, signals
+from moe_operator.autoscale.decide import PoolDecision, PoolState, decide_pool, within_budget
+from moe_operator.autoscale.effective import pool_scales
+from moe_operator.autoscale.observe import idle, pool_observation
+from moe_operator.autoscale.policy import pool_policy, scaled_pools
+from moe_operator.autoscale.prior import prior, seeded
+from moe_operator.autoscale.scale import Scale, Step, advance
+from moe_operator.control.client import RuntimeAnswerError, RuntimeClient
+from moe_operator.handlers.state import DeploymentState, OperatorState, operator_of
+from moe_operator.reconcile.observe import trusted_pods
+
+TICK_S = float(os.environ.get("MOE_AUTOSCALE_INTERVAL_S", "30"))
+Samples = dict[str, dict[int, signals.InstanceSample]]
+
+
+def leaders(body: kopf.Body, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The deployment's trusted engine pods."""
+    key = (str(body.metadata.namespace or ""), str(body.metadata.name))
+    groups = [*kwargs["statefulset_index"].get(key, []), *kwargs["leaderworkerset_index"].get(key, [])]
+    return trusted_pods(kwargs["engine_pod_index"].get(key, []), groups, str(body.metadata.name))
+
+
+def ready_instances(spec: MoEDeploymentSpec, pods: list[dict[str, Any]], pool: Pool) -> frozenset[int]:
+    """Instances of ``pool`` whose every rank is ready."""
+    want = pools(spec)[pool].nodes_per_replica
+    by: dict[int, list[bool]] = {}
+    for p in pods:
+        if p["pool"] == pool and not p["deleting"]:
+            by.setdefault(int(p["instance"]), []).append(bool(p["ready"]))
+    return frozenset(i for i, r in by.items() if len(r) == want and all(r))
+
+
+def scrape(
+    op: OperatorState, memo: DeploymentState, pods: list[dict[str, Any]], port: int, namespace: str, name: str
+) -> Samples:
+    """Read every leader's /metrics; an interval per instance from its previous read."""
+    heads = [p for p in pods if p["rank"] == 0 and p["ip"] and not p["deleting"]]
+    now = time.time()
+
+    def one(pod: dict[str, Any]) -> tuple[dict[str, Any], signals.Scrape | None]:
+        try:
+            with RuntimeClient() as client:
+                return pod, signals.parse(client.engine_metrics(str(pod["ip"]), port), now)
+        except (RuntimeAnswerError, signals.ExpositionError):
+            return pod, None
+
+    with ThreadPoolExecutor(max_workers=8) as pool_:
+        read = list(pool_.map(one, heads))
+    out: Samples = {}
+    seen = set()
+    for pod, new in read:
+        key = (str(pod["pool"]), int(pod["instance"]), str(pod["uid"]))
+        seen.add(key)
+        if new is None:
+            op.metrics.counter("moe_operator_autoscale_scrape_failures_total", namespace, name, key[0]).inc()
+            continue
+        old = memo.scrapes.get(key)
+        memo.scrapes[key] = new
+        sample = signals.between(old, new) if old is not None else None
+        if sample is not None:
+            out.setdefault(key[0], {})[key[1]] = sample
+    for gone in set(memo.scrapes) - seen:
+        del memo.scrapes[gone]
+    return out
+
+
+def decide_all(
+    spec: MoEDeploymentSpec, status: dict[str, Any], samples: Samples, scales: dict[Pool, Scale], now: float
+) -> dict[Pool, tuple[PoolDecision, Any]]:
+    """Each scaled pool's decision, trimmed to the budget; with the observation behind it."""
+    out: dict[Pool, tuple[PoolDecision, Any]] = {}
+    stored = status.get("autoscaling") or {}
+    for pool, scale in scales.items():
+        policy = pool_policy(spec, pool)
+        ttft_from = samples.get("decode", {}) if pool == "prefill" else None
+        obs = pool_observation(now, samples.get(pool, {}), scale.serving, policy.objectives, ttft_from)
+        metrics = tuple(o.metric for o in policy.objectives)
+        raw = stored.get(pool)
+        text = str(raw.get("model") or "") if isinstance(raw, dict) else ""
+        state = codec.read_model(text, metrics, now)
+        if state is None:
+            state = PoolState(instances=scale.instances, fits=prior(policy, obs))
+        state = replace(state, instances=scale.instances, fits=seeded(state.fits, policy, obs))
+        out[pool] = (decide_pool(policy, state, obs), obs)
+    gpus: dict[str, int] = {p: world_size(pools(spec)[p], spec.topology) for p in out}
+    trimmed = within_budget({str(p): d for p, (d, _) in out.items()}, spec.gpu_budget, gpus)
+    return {p: (trimmed[p], obs) for p, (_, obs) in out.items()}
+
+
+def act(
+    spec: MoEDeploymentSpec, pool: Pool, scale: Scale, decision: PoolDecision, pods: list[dict[str, Any]],
+    samples: Samples, now: float,
+) -> Step:  # fmt: skip
+    a = scaled_pools(spec)[pool]
+    policy = pool_policy(spec, pool)
+    ready = ready_instances(spec, pods, pool)
+    drain_s = parse_duration(a.drain_timeout)
+    want, need = decision.instances, decision.need
+    return advance(scale, want, need, ready, idle(samples.get(pool, {})), now, policy.boot_s, drain_s)
+
+
+@kopf.timer(GROUP, PLURAL, interval=TICK_S, initial_delay=TICK_S)
+def autoscale_timer(
+    body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, memo: Any, **kwargs: Any
+) -> None:
+    """Scrape -> decide -> budget -> advance -> status and events, for the pools the operator scales."""
+    try:
+        spec = MoEDeploymentSpec.model_validate(dict(body.spec))
+    except ValueError:
+        return  # the reconciler reports invalid specs
+    status = dict(body.get("status") or {})
+    if not scaled_pools(spec):
+        if status.get("autoscaling"):
+            patch.status["autoscaling"] = None
+        return
+    op = operator_of(memo)
+    namespace, name, now = str(body.metadata.namespace or ""), str(body.metadata.name), time.time()
+    pods = leaders(body, kwargs)
+    samples = scrape(op, op.deployment(str(body.metadata.uid)), pods, spec.engine.port, namespace, name)
+    scales = pool_scales(spec, status)
+    updates: dict[str, Any] = {p: None for p in status.get("autoscaling") or {} if p not in scales}
+    for pool, (decision, obs) in decide_all(spec, status, samples, scales, now).items():
+        step = act(spec, pool, scales[pool], decision, pods, samples, now)
+        updates[pool] = codec.write_pool(step.scale, step, decision, obs)
+        op.metrics.counter(
+            "moe_operator_autoscale_decisions_total", namespace, name, pool, updates[pool]["reason"]
+        ).inc()
+        for kind, value in (("target", step.scale.instances), ("serving", step.scale.serving)):
+            op.metrics.gauge("moe_operator_autoscale_instances", namespace, name, pool, kind).set(value)
+        if step.event:
+            kopf.event(
+                body, type="Normal", reason=Reason(step.event).value, message=f"{pool}: {step.message}"
+            )
+            logger.info(f"{name}/{pool}: {step.message}")
+        if step.scale != scales[pool]:
+            op.wakeups.mark((namespace, name))
+    patch.status["autoscaling"] = updates

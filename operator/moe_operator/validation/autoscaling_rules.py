@@ -1,0 +1,83 @@
+"""Rules about autoscaling: each pool scales on a latency its servers can measure, inside bounds.
+
+The CRD's CEL rules say the first three too (the apiserver refuses them with the webhook
+down); these say them with the field to change, for the webhook, the CLI and tests.
+"""
+
+from __future__ import annotations
+
+from ..api.derived import pools, world_size
+from ..api.spec import MoEDeploymentSpec
+from .problem import Problem
+
+
+def check_autoscaling(spec: MoEDeploymentSpec) -> list[Problem]:
+    problems: list[Problem] = []
+    scaled = {n: p for n, p in pools(spec).items() if p.autoscaling and p.autoscaling.mode == "Operator"}
+    for name, pool in pools(spec).items():
+        a = pool.autoscaling
+        if a is None:
+            continue
+        where = f"spec.{name}.autoscaling"
+        if a.min_replicas > a.max_replicas:
+            problems.append(
+                Problem(
+                    f"{where}.minReplicas",
+                    f"{where}.minReplicas ({a.min_replicas}) must not exceed maxReplicas ({a.max_replicas})",
+                )
+            )
+        if a.mode != "Operator":
+            continue
+        if a.slo is None or (a.slo.ttft is None and a.slo.itl is None):
+            problems.append(
+                Problem(
+                    f"{where}.slo",
+                    f"{where} with mode Operator needs slo.ttft or slo.itl: the latency the pool is sized to",
+                )
+            )
+            continue
+        if name == "prefill" and a.slo.itl is not None:
+            problems.append(
+                Problem(
+                    f"{where}.slo.itl",
+                    f"{where}.slo.itl: a prefill pool generates no tokens; scale it on slo.ttft and "
+                    "set the inter-token latency on spec.decode.autoscaling.slo.itl",
+                )
+            )
+        if name == "prefill" and a.slo.ttft is None:
+            problems.append(
+                Problem(
+                    f"{where}.slo.ttft",
+                    f"{where}.slo.ttft: a prefill pool is scaled on time to first token; set it",
+                )
+            )
+        if name == "decode" and spec.prefill is not None and a.slo.ttft is not None:
+            problems.append(
+                Problem(
+                    f"{where}.slo.ttft",
+                    f"{where}.slo.ttft: with spec.prefill, time to first token is the prefill pool's "
+                    "doing; move it to spec.prefill.autoscaling.slo.ttft",
+                )
+            )
+        if name == "decode" and spec.prefill is not None and a.slo.itl is None:
+            problems.append(
+                Problem(
+                    f"{where}.slo.itl",
+                    f"{where}.slo.itl: a P/D decode pool is scaled on inter-token latency; set it",
+                )
+            )
+    if spec.gpu_budget is not None and scaled:
+        floor = sum(
+            p.autoscaling.min_replicas * world_size(p, spec.topology)
+            for p in scaled.values()
+            if p.autoscaling
+        )
+        if floor > spec.gpu_budget:
+            problems.append(
+                Problem(
+                    "spec.gpuBudget",
+                    f"spec.gpuBudget ({spec.gpu_budget}) is below the {floor} GPUs the autoscaled pools' "
+                    "minReplicas hold; raise it or lower minReplicas",
+                )
+            )
+    return problems

@@ -1,0 +1,78 @@
+"""Status written by the operator is read back as untrusted: anything odd falls back, never fails."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from moe_operator.autoscale import codec
+from moe_operator.autoscale.decide import PoolDecision, PoolState
+from moe_operator.autoscale.model import Fit, update
+from moe_operator.autoscale.scale import Scale, Step
+
+NOW = 1_800_000_000.0
+
+
+def _state() -> PoolState:
+    fit = update(Fit(0.03, 4.0), 1.0, 0.04)
+    return PoolState(
+        instances=3, fits={"itl": fit}, rates=((NOW - 60, 2.0), (NOW - 30, 2.5)), last_out=NOW - 30, surge=1.5
+    )
+
+
+def test_model_round_trips() -> None:
+    state = _state()
+    back = codec.read_model(codec.write_model(state), ("itl",), NOW)
+    assert back is not None
+    assert back.fits["itl"].curve() == pytest.approx(state.fits["itl"].curve())
+    assert back.rates == state.rates and back.surge == state.surge and back.last_out == state.last_out
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d.update(fits={"itl": [0.03, 4.0, 1, 0, 0, 0, 0]}),  # short
+        lambda d: d.update(fits={"itl": [float("nan")] * 8}),
+        lambda d: d.update(fits={"itl": [-1, 4.0, 1, 0, 0, 0, 0, 0]}),
+        lambda d: d.update(fits={"ttft": d["fits"]["itl"]}),  # the targets changed
+        lambda d: d.update(rates=[[NOW, 1.0]] * 10_000),
+        lambda d: d.update(rates=[[NOW, 1.0], [NOW - 100, 1.0]]),  # out of order
+        lambda d: d.update(rates=[[NOW + 10_000, 1.0]]),  # from the future
+        lambda d: d.update(surge="lots"),
+        lambda d: d.update(lastOut=True),
+    ],
+)
+def test_a_tampered_model_starts_over(mutate) -> None:  # type: ignore[no-untyped-def]
+    doc = json.loads(codec.write_model(_state()))
+    mutate(doc)
+    assert codec.read_model(json.dumps(doc), ("itl",), NOW) is None
+
+
+@pytest.mark.parametrize("text", ["", "[]", "{", "1e999", "x" * 20_000, '{"fits": 3}'])
+def test_garbage_is_no_model(text: str) -> None:
+    assert codec.read_model(text, ("itl",), NOW) is None
+
+
+def test_scale_falls_back_on_nonsense_and_keeps_the_bounds() -> None:
+    fallback = Scale(2, 2)
+    assert codec.read_scale({}, fallback, 4) == fallback
+    assert codec.read_scale({"instances": 3, "serving": 5}, fallback, 4) == fallback
+    assert codec.read_scale({"instances": "3", "serving": 3}, fallback, 4) == fallback
+    assert codec.read_scale({"instances": 0, "serving": 0}, fallback, 4) == fallback
+    assert codec.read_scale({"instances": 9, "serving": 3}, fallback, 4).instances == 4
+    drain = codec.read_scale(
+        {"instances": 3, "serving": 2, "reason": "draining", "pendingSince": "2027-01-01T00:00:00Z"},
+        fallback,
+        4,
+    )
+    assert drain.draining and drain.pending_since is not None
+
+
+def test_pool_status_is_what_the_crd_allows() -> None:
+    from moe_operator.api.status import PoolAutoscalingStatus
+
+    d = PoolDecision(2, 3, "scale_out", "m" * 5000, 3, _state(), numbers={"itlRatePerInstance": 2.0})
+    out = codec.write_pool(Scale(3, 2, NOW, NOW), Step(Scale(3, 2), "scale_out"), d, None)
+    PoolAutoscalingStatus.model_validate(out)  # refused by the schema if a field is wrong
+    assert len(out["message"]) <= 2048

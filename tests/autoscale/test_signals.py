@@ -1,0 +1,122 @@
+"""The autoscaler reads SGLang's own /metrics text, and nothing a pod sends can break it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from moe_operator.autoscale import signals as s
+
+CATALOG = Path(__file__).parents[2] / "policies/prometheus/sglang-0.5.23.metrics.yaml"
+
+
+def _catalog() -> dict:
+    return yaml.safe_load(CATALOG.read_text())
+
+
+def test_every_family_read_is_sglangs_with_its_type() -> None:
+    families = {f["name"]: f["type"] for f in _catalog()["families"]}
+    expected = {
+        s.TTFT: "histogram",
+        s.ITL: "histogram",
+        s.REQUESTS: "counter",
+        s.RUNNING: "gauge",
+        s.QUEUED: "gauge",
+        s.TOKEN_USAGE: "gauge",
+        s.GEN_THROUGHPUT: "gauge",
+    }
+    assert {name: families.get(name) for name in expected} == expected
+
+
+def test_reads_the_real_exposition_of_sglang() -> None:
+    text = _catalog()["exposition"]["text"]
+    scrape = s.parse(text, at=0.0)
+    assert s.TTFT in scrape.histograms and s.ITL in scrape.histograms
+    assert scrape.histograms[s.TTFT].uppers[-1] == math.inf
+    assert s.RUNNING in scrape.gauges and s.TOKEN_USAGE in scrape.gauges
+
+
+def _page(requests: float, ttft: list[tuple[str, float]], running: float = 3, usage: float = 0.5) -> str:
+    lines = [
+        "# TYPE sglang:num_requests counter",
+        f'sglang:num_requests_total{{model_name="m",is_streaming="true"}} {requests}',
+        "# TYPE sglang:num_running_reqs gauge",
+        f'sglang:num_running_reqs{{dp_rank="0"}} {running}',
+        f'sglang:num_running_reqs{{dp_rank="1"}} {running}',
+        "# TYPE sglang:token_usage gauge",
+        f'sglang:token_usage{{dp_rank="0"}} {usage}',
+        f'sglang:token_usage{{dp_rank="1"}} {usage / 2}',
+        "# TYPE sglang:time_to_first_token_seconds histogram",
+    ]
+    lines += [f'sglang:time_to_first_token_seconds_bucket{{le="{le}"}} {c}' for le, c in ttft]
+    lines += [
+        f"sglang:time_to_first_token_seconds_count {ttft[-1][1]}",
+        "sglang:time_to_first_token_seconds_sum 1",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_interval_is_the_difference_of_two_scrapes() -> None:
+    old = s.parse(_page(100, [("0.1", 10), ("1.0", 20), ("+Inf", 20)]), at=0.0)
+    new = s.parse(_page(160, [("0.1", 10), ("1.0", 120), ("+Inf", 120)]), at=30.0)
+    sample = s.between(old, new)
+    assert sample is not None
+    assert sample.rate == pytest.approx(2.0)
+    assert sample.running == 6 and sample.token_usage == pytest.approx(0.375)
+    assert sample.ttft is not None
+    # the interval's 100 observations are all in (0.1, 1.0]: p50 is halfway, as histogram_quantile says
+    assert sample.ttft.quantile(0.5) == pytest.approx(0.55)
+
+
+def test_a_restarted_engine_gives_no_interval() -> None:
+    old = s.parse(_page(100, [("0.1", 10), ("+Inf", 20)]), at=0.0)
+    new = s.parse(_page(5, [("0.1", 1), ("+Inf", 2)]), at=30.0)
+    assert s.between(old, new) is None
+
+
+def test_quantile_follows_prometheus() -> None:
+    h = s.Histogram((0.1, 0.2, 0.4, math.inf), (0.0, 50.0, 100.0, 100.0))
+    assert h.quantile(0.5) == pytest.approx(0.2)
+    assert h.quantile(0.75) == pytest.approx(0.3)
+    assert s.Histogram((0.1, math.inf), (0.0, 0.0)).quantile(0.9) is None
+    assert s.Histogram((0.1, math.inf), (0.0, 10.0)).quantile(0.9) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('# TYPE sglang:num_requests counter\nsglang:num_requests_total{a="b"} NaN\n', "finite"),
+        ("# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs -4\n", "non-negative"),
+        (
+            "# TYPE sglang:time_to_first_token_seconds histogram\n"
+            'sglang:time_to_first_token_seconds_bucket{le="0.1"} 5\n'
+            'sglang:time_to_first_token_seconds_bucket{le="+Inf"} 2\n',
+            "cumulative",
+        ),
+        (
+            "# TYPE sglang:time_to_first_token_seconds histogram\n"
+            'sglang:time_to_first_token_seconds_bucket{le="0.1"} 5\n',
+            r"\+Inf",
+        ),
+        (
+            "# TYPE sglang:inter_token_latency_seconds histogram\n"
+            + "".join(f'sglang:inter_token_latency_seconds_bucket{{le="{i}"}} {i}\n' for i in range(70)),
+            "buckets",
+        ),
+        ("sglang:num_requests_total{{{ 12\n", "parse"),
+    ],
+)
+def test_hostile_metrics_are_refused_with_a_reason(text: str, message: str) -> None:
+    with pytest.raises(s.ExpositionError, match=message):
+        s.parse(text, at=0.0)
+
+
+def test_histograms_of_a_pool_add_up() -> None:
+    a = s.Histogram((0.1, math.inf), (1.0, 2.0))
+    b = s.Histogram((0.1, math.inf), (3.0, 4.0))
+    merged = s.merged([a, None, b])
+    assert merged is not None and merged.counts == (4.0, 6.0)
+    assert s.merged([None]) is None

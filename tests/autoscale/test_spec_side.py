@@ -1,0 +1,128 @@
+"""The API side: what admission refuses, the policy it yields, and the size the reconciler renders."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from moe_operator.api import MoEDeploymentSpec
+from moe_operator.autoscale.decide import PoolObservation
+from moe_operator.autoscale.effective import effective_spec
+from moe_operator.autoscale.observe import idle, pool_observation
+from moe_operator.autoscale.policy import pool_policy, scaled_pools
+from moe_operator.autoscale.signals import Histogram, InstanceSample
+from moe_operator.render.group import Owner
+from moe_operator.render.network import operator_ports
+from moe_operator.render.shared import router_objects
+from moe_operator.validation import validate
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+AUTO = {"mode": "Operator", "minReplicas": 1, "maxReplicas": 4, "slo": {"itl": "60ms", "percentile": 90}}
+
+
+def _spec(name: str = "qwen3-30b-a3b-single-node.yaml", **pools: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = yaml.safe_load((EXAMPLES / name).read_text())["spec"]
+    for pool, auto in pools.items():
+        spec[pool]["autoscaling"] = auto
+    return spec
+
+
+def _messages(spec: dict[str, Any]) -> str:
+    return " | ".join(str(p) for p in validate(spec, None, None))
+
+
+def test_a_plain_autoscaled_pool_is_admitted() -> None:
+    assert _messages(_spec(decode=AUTO)) == ""
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        (_spec(decode={**AUTO, "minReplicas": 5}), "must not exceed maxReplicas"),
+        (_spec(decode={"mode": "Operator"}), "needs slo.ttft or slo.itl"),
+        (_spec(decode={**AUTO, "slo": {"percentile": 90}}), "needs slo.ttft or slo.itl"),
+        (_spec(decode={**AUTO, "slo": {"itl": "20s"}}), "duration from 1ms to 10s"),
+        (_spec(decode={**AUTO, "bootTime": "5 minutes"}), "duration"),
+        (_spec(decode={**AUTO, "targetUtilization": 30}), "greater than or equal"),
+        (
+            _spec("deepseek-v3-pd-h100.yaml", prefill={**AUTO, "slo": {"ttft": "1s", "itl": "50ms"}}),
+            "a prefill pool generates no tokens",
+        ),
+        (
+            _spec("deepseek-v3-pd-h100.yaml", decode={**AUTO, "slo": {"ttft": "1s", "itl": "50ms"}}),
+            "move it to spec.prefill.autoscaling.slo.ttft",
+        ),
+        (
+            {**_spec(decode={**AUTO, "minReplicas": 2}), "gpuBudget": 8},
+            "spec.gpuBudget (8) is below the 16 GPUs",
+        ),
+    ],
+)
+def test_bad_autoscaling_is_refused_with_the_fix(spec: dict[str, Any], says: str) -> None:
+    assert says in _messages(spec)
+
+
+def test_external_mode_is_not_scaled_and_needs_no_slo() -> None:
+    spec = MoEDeploymentSpec.model_validate(_spec(decode={"mode": "External"}))
+    assert _messages(_spec(decode={"mode": "External"})) == ""
+    assert scaled_pools(spec) == {}
+    assert effective_spec(spec, {}) == (spec, {})
+    assert operator_ports(spec) == [9400]
+
+
+def test_policy_numbers_come_from_the_spec() -> None:
+    auto = {**AUTO, "bootTime": "5m", "scaleInCooldown": "3m", "targetUtilization": 80, "burstMemory": "2h"}
+    spec = MoEDeploymentSpec.model_validate(_spec(decode=auto))
+    p = pool_policy(spec, "decode")
+    assert (p.min_instances, p.max_instances, p.boot_s, p.scale_in_cooldown_s) == (1, 4, 300, 180)
+    assert p.headroom == 0.8 and p.surge_half_life_s == 7200 and p.width.gpus == 8
+    assert [(o.metric, o.slo_s, o.quantile) for o in p.objectives] == [("itl", 0.06, 0.9)]
+    assert operator_ports(spec) == [9400, spec.engine.port]
+
+
+def test_the_reconciler_renders_status_sizes_and_the_router_lists_only_serving() -> None:
+    spec = MoEDeploymentSpec.model_validate(_spec(decode={**AUTO, "maxReplicas": 6}))
+    status = {"autoscaling": {"decode": {"instances": 3, "serving": 2, "reason": "draining"}}}
+    effective, serving = effective_spec(spec, status)
+    assert effective.decode.replicas == 3 and serving == {"decode": 2}
+    router = next(
+        o for o in router_objects(effective, Owner("q", "ns", "uid"), serving) if o["kind"] == "Deployment"
+    )
+    args = " ".join(router["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert "-decode-1." in args and "-decode-2." not in args
+    # status lost or tampered: the spec's size inside the bounds, never zero
+    for broken in ({}, {"autoscaling": "x"}, {"autoscaling": {"decode": {"instances": -1, "serving": 0}}}):
+        again, listed = effective_spec(spec, broken)
+        assert again.decode.replicas == 1 and listed == {"decode": 1}
+
+
+def _sample(rate: float, running: float = 1, itl: tuple[float, ...] = (0.0, 30.0, 30.0)) -> InstanceSample:
+    return InstanceSample(rate, running, 0.0, 0.5, None, Histogram((0.04, 0.08, float("inf")), itl))
+
+
+def test_the_pool_observation_counts_only_serving_instances() -> None:
+    samples = {0: _sample(2.0), 1: _sample(3.0), 2: _sample(9.0, running=0)}
+    spec = MoEDeploymentSpec.model_validate(_spec(decode=AUTO))
+    obs = pool_observation(10.0, samples, 2, pool_policy(spec, "decode").objectives)
+    assert isinstance(obs, PoolObservation)
+    assert (obs.serving, obs.rate) == (2, 5.0)
+    assert obs.latency["itl"] == pytest.approx(0.04 + 0.04 * ((0.9 * 60 - 0) / 60))
+    assert idle(samples) == frozenset({2})
+    few = {0: _sample(2.0, itl=(0.0, 5.0, 5.0))}
+    obs = pool_observation(10.0, few, 1, pool_policy(spec, "decode").objectives)
+    assert obs is not None and obs.latency["itl"] is None  # 5 requests say nothing about p90
+    assert pool_observation(10.0, {}, 1, ()) is None
+
+
+def test_spec_replicas_stay_the_scale_subresource_for_external(tmp_path: Path) -> None:
+    spec = copy.deepcopy(_spec(decode={"mode": "External"}))
+    spec["decode"]["replicas"] = 3
+    parsed = MoEDeploymentSpec.model_validate(spec)
+    assert (
+        effective_spec(parsed, {"autoscaling": {"decode": {"instances": 1, "serving": 1}}})[0].decode.replicas
+        == 3
+    )
