@@ -56,17 +56,47 @@ def test_garbage_is_no_model(text: str) -> None:
 
 def test_scale_falls_back_on_nonsense_and_keeps_the_bounds() -> None:
     fallback = Scale(2, 2)
-    assert codec.read_scale({}, fallback, 4) == fallback
-    assert codec.read_scale({"instances": 3, "serving": 5}, fallback, 4) == fallback
-    assert codec.read_scale({"instances": "3", "serving": 3}, fallback, 4) == fallback
-    assert codec.read_scale({"instances": 0, "serving": 0}, fallback, 4) == fallback
-    assert codec.read_scale({"instances": 9, "serving": 3}, fallback, 4).instances == 4
-    drain = codec.read_scale(
-        {"instances": 3, "serving": 2, "reason": "draining", "pendingSince": "2027-01-01T00:00:00Z"},
-        fallback,
-        4,
-    )
+
+    def read(raw: dict) -> Scale:  # type: ignore[type-arg]
+        return codec.read_scale(raw, fallback, 1, 4, NOW, 600)
+
+    assert read({}) == fallback
+    assert read({"instances": 3, "serving": 5}) == fallback
+    assert read({"instances": "3", "serving": 3}) == fallback
+    assert read({"instances": 0, "serving": 0}) == fallback
+    assert read({"instances": 2.0, "serving": 2}) == fallback  # counts are integers
+    assert read({"instances": True, "serving": 1}) == fallback
+    assert read({"instances": 9, "serving": 3}).instances == 4
+    assert codec.read_scale({"instances": 1, "serving": 1}, fallback, 2, 4, NOW, 600).instances == 2
+    drain = read({"instances": 3, "serving": 2, "reason": "draining", "pendingSince": "2027-01-15T08:00:00Z"})
     assert drain.draining and drain.pending_since is not None
+
+
+def test_times_from_the_future_are_not_the_operators() -> None:
+    far = "9999-12-31T23:59:59Z"
+    fallback = Scale(2, 2)
+    held = codec.read_scale(
+        {"instances": 3, "serving": 2, "reason": "draining", "pendingSince": far, "blockedUntil": far},
+        fallback, 1, 4, NOW, 600,
+    )  # fmt: skip
+    assert held.pending_since is None and held.blocked_until is None and not held.draining
+    soon = codec._iso(NOW + 300)
+    assert codec.read_scale(
+        {"instances": 2, "serving": 2, "blockedUntil": soon}, fallback, 1, 4, NOW, 600
+    ).blocked_until
+
+
+def test_non_finite_numbers_never_reach_status() -> None:
+    from moe_operator.autoscale.decide import PoolObservation
+
+    obs = PoolObservation(NOW, 1, float("inf"), {"itl": float("nan"), "ttft": -1.0}, float("inf"), 0)
+    d = PoolDecision(
+        2, 2, "steady", "m", 2, _state(), numbers={"offeredRate": float("inf"), "itlRatePerInstance": 2.0}
+    )
+    out = codec.write_pool(Scale(2, 2), Step(Scale(2, 2), ""), d, obs)
+    assert "offeredRate" not in out and "tokenUsage" not in out and out["latency"] == {}
+    assert out["ratePerInstance"] == 2.0
+    json.dumps(out, allow_nan=False)
 
 
 def test_pool_status_is_what_the_crd_allows() -> None:

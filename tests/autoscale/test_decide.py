@@ -171,3 +171,12 @@ def test_a_nonsense_rate_does_not_move_the_fit(rate: float) -> None:
     state = _steady(2, 3.0)
     d = decide_pool(POLICY, state, PoolObservation(630, 2, rate, {"itl": 0.05}, 0.3, 0))
     assert d.state.fits == state.fits or d.state.fits["itl"].samples == state.fits["itl"].samples
+
+
+def test_a_pod_reporting_absurd_but_finite_numbers_cannot_break_the_decision() -> None:
+    idle_prior = PoolState(instances=2, fits={"itl": Fit(base_s=0.02, mu=0.01)})
+    for rate, queued, itl in ((1e12, 1e12, 1e-4), (1e12, 0.0, 1e4), (1e-9, 1e12, 0.05)):
+        d = decide_pool(POLICY, idle_prior, PoolObservation(0.0, 2, rate, {"itl": itl}, 1.0, queued))
+        assert 1 <= d.instances <= POLICY.max_instances
+        d = decide_pool(POLICY, d.state, PoolObservation(30.0, 2, rate, {"itl": itl}, 1.0, queued))
+        assert 1 <= d.instances <= POLICY.max_instances

@@ -103,15 +103,33 @@ def test_quantile_follows_prometheus() -> None:
         ),
         (
             "# TYPE sglang:inter_token_latency_seconds histogram\n"
-            + "".join(f'sglang:inter_token_latency_seconds_bucket{{le="{i}"}} {i}\n' for i in range(70)),
+            + "".join(f'sglang:inter_token_latency_seconds_bucket{{le="{i + 1}"}} {i}\n' for i in range(70)),
             "buckets",
         ),
         ("sglang:num_requests_total{{{ 12\n", "parse"),
+        ('sglang:num_requests_total{a="b"} 1e250\n', "at most"),
+        ('sglang:time_to_first_token_seconds_bucket{le="1e-310"} 5\n', "not a latency"),
+        ('sglang:time_to_first_token_seconds_bucket{le="-5"} 5\n', "not a latency"),
+        ("".join(f'sglang:num_running_reqs{{r="{i}"}} 1\n' for i in range(5000)), "series"),
     ],
 )
 def test_hostile_metrics_are_refused_with_a_reason(text: str, message: str) -> None:
     with pytest.raises(s.ExpositionError, match=message):
         s.parse(text, at=0.0)
+
+
+def test_only_the_wanted_series_are_parsed() -> None:
+    junk = "# HELP x y\n" + 'a_metric_nobody_reads{l="\\\\"} 1\n' * 50_000
+    page = junk + _page(7, [("0.1", 1), ("+Inf", 2)]) + junk
+    scrape = s.parse(page, at=0.0)
+    assert scrape.requests == 7 and scrape.gauges[s.RUNNING] == 6
+
+
+def test_one_odd_instance_cannot_take_the_pools_latency_over() -> None:
+    honest = s.Histogram((0.1, math.inf), (5.0, 10.0))
+    odd = s.Histogram((9.0, math.inf), (0.0, 1000.0))
+    merged = s.merged([odd, honest, honest])
+    assert merged is not None and merged.uppers == honest.uppers and merged.counts == (10.0, 20.0)
 
 
 def test_histograms_of_a_pool_add_up() -> None:

@@ -21,6 +21,7 @@ from moe_operator.render.shared import router_objects
 from moe_operator.validation import validate
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
+NOW = 1_800_000_000.0
 AUTO = {"mode": "Operator", "minReplicas": 1, "maxReplicas": 4, "slo": {"itl": "60ms", "percentile": 90}}
 
 
@@ -70,7 +71,7 @@ def test_external_mode_is_not_scaled_and_needs_no_slo() -> None:
     spec = MoEDeploymentSpec.model_validate(_spec(decode={"mode": "External"}))
     assert _messages(_spec(decode={"mode": "External"})) == ""
     assert scaled_pools(spec) == {}
-    assert effective_spec(spec, {}) == (spec, {})
+    assert effective_spec(spec, {}, NOW) == (spec, {})
     assert operator_ports(spec) == [9400]
 
 
@@ -87,7 +88,7 @@ def test_policy_numbers_come_from_the_spec() -> None:
 def test_the_reconciler_renders_status_sizes_and_the_router_lists_only_serving() -> None:
     spec = MoEDeploymentSpec.model_validate(_spec(decode={**AUTO, "maxReplicas": 6}))
     status = {"autoscaling": {"decode": {"instances": 3, "serving": 2, "reason": "draining"}}}
-    effective, serving = effective_spec(spec, status)
+    effective, serving = effective_spec(spec, status, NOW)
     assert effective.decode.replicas == 3 and serving == {"decode": 2}
     router = next(
         o for o in router_objects(effective, Owner("q", "ns", "uid"), serving) if o["kind"] == "Deployment"
@@ -96,8 +97,13 @@ def test_the_reconciler_renders_status_sizes_and_the_router_lists_only_serving()
     assert "-decode-1." in args and "-decode-2." not in args
     # status lost or tampered: the spec's size inside the bounds, never zero
     for broken in ({}, {"autoscaling": "x"}, {"autoscaling": {"decode": {"instances": -1, "serving": 0}}}):
-        again, listed = effective_spec(spec, broken)
+        again, listed = effective_spec(spec, broken, NOW)
         assert again.decode.replicas == 1 and listed == {"decode": 1}
+    # tampered: far above maxReplicas, fractional counts: the spec's bounds hold
+    huge, listed = effective_spec(spec, {"autoscaling": {"decode": {"instances": 200, "serving": 200}}}, NOW)
+    assert huge.decode.replicas == 6 and listed == {"decode": 6}
+    frac, listed = effective_spec(spec, {"autoscaling": {"decode": {"instances": 1.5, "serving": 0}}}, NOW)
+    assert frac.decode.replicas == 1 and listed == {"decode": 1}
 
 
 def _sample(rate: float, running: float = 1, itl: tuple[float, ...] = (0.0, 30.0, 30.0)) -> InstanceSample:
@@ -123,6 +129,8 @@ def test_spec_replicas_stay_the_scale_subresource_for_external(tmp_path: Path) -
     spec["decode"]["replicas"] = 3
     parsed = MoEDeploymentSpec.model_validate(spec)
     assert (
-        effective_spec(parsed, {"autoscaling": {"decode": {"instances": 1, "serving": 1}}})[0].decode.replicas
+        effective_spec(parsed, {"autoscaling": {"decode": {"instances": 1, "serving": 1}}}, NOW)[
+            0
+        ].decode.replicas
         == 3
     )

@@ -75,7 +75,7 @@ def read_model(text: str, metrics: tuple[str, ...], now: float) -> PoolState | N
         if not isinstance(rates_raw, list) or len(rates_raw) > MAX_RATES:
             return None
         rates = tuple(
-            (_num(p[0], now - HISTORY_S - 60, now + 60), _num(p[1], 0, 1e7))
+            (_num(p[0], now - HISTORY_S - 60, now + 60), _num(p[1], 0, 1e12))
             for p in rates_raw
             if isinstance(p, list) and len(p) == 2
         )
@@ -92,8 +92,8 @@ def read_model(text: str, metrics: tuple[str, ...], now: float) -> PoolState | N
             rates=rates,
             last_out=opt("lastOut"),
             last_in=opt("lastIn"),
-            queued=_num(doc.get("queued", 0.0), 0, 1e9),
-            surge=_num(doc.get("surge", 0.0), 0, 1e7),
+            queued=_num(doc.get("queued", 0.0), 0, 1e12),
+            surge=_num(doc.get("surge", 0.0), 0, 1e12),
         )
     except (ValueError, TypeError, IndexError, RecursionError):
         return None
@@ -111,22 +111,41 @@ def write_model(state: PoolState) -> str:
     return json.dumps(doc, separators=(",", ":"))
 
 
-def read_scale(raw: Mapping[str, Any], fallback: Scale, hi: int) -> Scale:
-    """The pool's size as status holds it, inside the spec's bounds; the fallback when unreadable."""
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 256:
+        raise ValueError("not an instance count")
+    return value
+
+
+def read_scale(
+    raw: Mapping[str, Any], fallback: Scale, lo: int, hi: int, now: float, horizon_s: float
+) -> Scale:
+    """The pool's size as status holds it, inside [lo, hi]; the fallback when it does not check out.
+
+    Times later than ``now`` (a rollback's pause: ``now + horizon_s``) are not the operator's: a
+    tampered far-future time would otherwise pause growth or hold a drain open for good.
+    """
     try:
-        instances, serving = int(_num(raw["instances"], 0, 256)), int(_num(raw["serving"], 0, 256))
+        instances, serving = _count(raw["instances"]), _count(raw["serving"])
     except (KeyError, ValueError, TypeError):
         return fallback
-    if serving > instances or instances == 0:
+    if not 1 <= serving <= instances:
         return fallback
-    pending = _epoch(raw.get("pendingSince"))
+
+    def when(key: str, ahead: float = 60.0) -> float | None:
+        t = _epoch(raw.get(key))
+        return t if t is not None and t <= now + ahead else None
+
+    pending = when("pendingSince")
     draining = raw.get("reason") == "draining" and instances - serving == 1 and pending is not None
+    draining = draining and lo <= serving and instances <= hi
+    instances = min(max(instances, lo), hi)  # the spec's bounds hold whatever status says
     return Scale(
-        instances=min(instances, max(hi, serving)),
-        serving=serving,
+        instances=instances,
+        serving=min(serving, instances),
         pending_since=pending,
-        last_change=_epoch(raw.get("lastScaleTime")),
-        blocked_until=_epoch(raw.get("blockedUntil")),
+        last_change=when("lastScaleTime"),
+        blocked_until=when("blockedUntil", horizon_s + 60.0),
         draining=draining,
     )
 
@@ -147,15 +166,19 @@ def write_pool(
         "blockedUntil": _iso(scale.blocked_until),
         "model": write_model(decision.state),
     }
-    if obs is not None:
+    if obs is not None and decision.reason != "no_data":
         n = decision.numbers
-        out.update(
-            offeredRate=round(n.get("offeredRate", obs.rate), 4),
-            forecastRate=round(n.get("forecastRate", obs.rate), 4),
-            tokenUsage=round(obs.token_usage, 4),
-            latency={m: round(v, 6) for m, v in obs.latency.items() if v is not None},
-        )
-        per = [v for k, v in n.items() if k.endswith("RatePerInstance")]
-        if per:
-            out["ratePerInstance"] = round(min(per), 4)
+        numbers = {
+            "offeredRate": n.get("offeredRate"),
+            "forecastRate": n.get("forecastRate"),
+            "tokenUsage": obs.token_usage,
+            "ratePerInstance": min((v for k, v in n.items() if k.endswith("RatePerInstance")), default=None),
+        }
+        out.update({k: round(v, 4) for k, v in numbers.items() if v is not None and _fine(v)})
+        out["latency"] = {m: round(v, 6) for m, v in obs.latency.items() if v is not None and _fine(v)}
     return out
+
+
+def _fine(v: float) -> bool:
+    """A number the status schema takes (and JSON can carry): finite and non-negative."""
+    return math.isfinite(v) and 0 <= v <= 1e12

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from .model import Fit, update
 
 HISTORY_S = 2 * 3600.0  # rate samples kept at most: the longest boot time or scale-in window
+MAX_NEED = 1_000_000  # instances: a need past it is reported as it, not computed
 SURGE_HALF_LIFE_S = 6 * 3600.0  # how fast a remembered surge is forgotten
 
 
@@ -139,16 +140,18 @@ def _need(policy: PoolPolicy, fits: dict[str, Fit], rate: float) -> tuple[int, s
     need, bound = 0, "idle"
     for o in policy.objectives:
         per = fits[o.metric].rate_at(o.slo_s) * policy.headroom
-        if per <= 0:
+        if not math.isfinite(per) or per <= 0:
             return policy.max_instances, f"{o.metric}_unreachable"
-        n = math.ceil(rate / per - 1e-9)
+        ratio = rate / per
+        n = math.ceil(ratio - 1e-9) if math.isfinite(ratio) and ratio < MAX_NEED else MAX_NEED
         if n > need:
             need, bound = n, o.metric
     return need, bound
 
 
 def _kv_need(policy: PoolPolicy, obs: PoolObservation) -> int:
-    return math.ceil(obs.serving * obs.token_usage / policy.kv_target - 1e-9) if obs.serving else 0
+    usage = min(1.0, obs.token_usage)
+    return math.ceil(obs.serving * usage / policy.kv_target - 1e-9) if obs.serving else 0
 
 
 def recommend_width(

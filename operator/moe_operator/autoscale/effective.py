@@ -13,12 +13,13 @@ from typing import Any
 
 from ..api.derived import Pool, pools
 from ..api.spec import MoEDeploymentSpec
+from ..api.types import parse_duration
 from .codec import read_scale
 from .policy import scaled_pools
 from .scale import Scale, initial
 
 
-def pool_scales(spec: MoEDeploymentSpec, status: Mapping[str, Any]) -> dict[Pool, Scale]:
+def pool_scales(spec: MoEDeploymentSpec, status: Mapping[str, Any], now: float) -> dict[Pool, Scale]:
     """Each scaled pool's size as status holds it (or where it starts)."""
     auto = status.get("autoscaling")
     auto = auto if isinstance(auto, Mapping) else {}
@@ -26,15 +27,19 @@ def pool_scales(spec: MoEDeploymentSpec, status: Mapping[str, Any]) -> dict[Pool
     for name, a in scaled_pools(spec).items():
         fallback = initial(pools(spec)[name].replicas, a.min_replicas, a.max_replicas)
         raw = auto.get(name)
-        out[name] = read_scale(raw, fallback, a.max_replicas) if isinstance(raw, Mapping) else fallback
+        horizon = parse_duration(a.boot_time)
+        if isinstance(raw, Mapping):
+            out[name] = read_scale(raw, fallback, a.min_replicas, a.max_replicas, now, horizon)
+        else:
+            out[name] = fallback
     return out
 
 
 def effective_spec(
-    spec: MoEDeploymentSpec, status: Mapping[str, Any]
+    spec: MoEDeploymentSpec, status: Mapping[str, Any], now: float
 ) -> tuple[MoEDeploymentSpec, dict[str, int]]:
     """The spec with the autoscaler's instance counts, and the router's list length per scaled pool."""
-    scales = pool_scales(spec, status)
+    scales = pool_scales(spec, status, now)
     if not scales:
         return spec, {}
     update: dict[str, Any] = {

@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 
 FORGET = 0.995  # weight of an interval after one more (half-life ~140 intervals)
 PRIOR_WEIGHT = 20.0
+MAX_RATE = 1e4  # requests/s per instance: beyond any engine, so a sample past it is a lie
+LATENCY_RANGE = (1e-4, 1e4)  # seconds
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Fit:
             return self.base_s, self.mu
         slope = (w * sxy - sx * sy) / den
         icept = (sy - slope * sx) / w
-        if icept <= 0 or slope >= 0:
+        if not (math.isfinite(icept) and math.isfinite(slope)) or icept <= 0 or slope >= 0:
             return self.base_s, self.mu
         return 1 / icept, -icept / slope
 
@@ -65,9 +67,9 @@ class Fit:
 
 def update(fit: Fit, rate_per_instance: float, latency_s: float | None) -> Fit:
     """The fit after one interval of one pool (rate per serving instance, measured quantile)."""
-    if latency_s is None or not math.isfinite(latency_s) or latency_s <= 0 or rate_per_instance <= 0:
-        return fit
-    if not math.isfinite(rate_per_instance):
+    if latency_s is None or not LATENCY_RANGE[0] <= latency_s <= LATENCY_RANGE[1]:
+        return fit  # also NaN: every comparison with it is false
+    if not 0 < rate_per_instance <= MAX_RATE:
         return fit
     x, y = rate_per_instance, 1 / latency_s
     w, sx, sy, sxx, sxy = (FORGET * s for s in fit.sums)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,7 +25,12 @@ QUEUED = "sglang:num_queue_reqs"
 TOKEN_USAGE = "sglang:token_usage"
 GEN_THROUGHPUT = "sglang:gen_throughput"
 GAUGES = (RUNNING, QUEUED, TOKEN_USAGE, GEN_THROUGHPUT)
+WANTED = frozenset({f"{REQUESTS}_total", *GAUGES, f"{TTFT}_bucket", f"{ITL}_bucket"})
+WANTED_PREFIXES = tuple(f"{n}{{" for n in WANTED) + tuple(f"{n} " for n in WANTED)
 MAX_BUCKETS = 64  # SGLang's longest default has 23 bounds
+MAX_VALUE = 1e12  # a count or gauge beyond it is no engine's (1e12 requests at 1e4/s is three years)
+MAX_SERIES = 4096  # per name: one per scheduler rank and label set; the widest world is 2048 ranks
+BOUND_RANGE = (1e-6, 1e4)  # seconds: a latency bucket outside it is no SGLang bucket
 
 
 class ExpositionError(ValueError):
@@ -47,7 +53,7 @@ class Histogram:
     def quantile(self, q: float) -> float | None:
         """Prometheus' histogram_quantile: linear inside the bucket; None without observations."""
         total = self.counts[-1] if self.counts else 0.0
-        if total <= 0:
+        if not math.isfinite(total) or total <= 0:
             return None
         rank = q * total
         lower, below = 0.0, 0.0
@@ -84,8 +90,10 @@ class InstanceSample:
 
 
 def _finite(value: float, what: str) -> float:
-    if not math.isfinite(value) or value < 0:
-        raise ExpositionError(f"{what} is {value!r}: metrics must be finite and non-negative")
+    if not math.isfinite(value) or not 0 <= value <= MAX_VALUE:
+        raise ExpositionError(
+            f"{what} is {value!r}: metrics must be finite, non-negative and at most {MAX_VALUE:g}"
+        )
     return value
 
 
@@ -98,6 +106,8 @@ def _histogram(samples: list[tuple[dict[str, str], float]], name: str) -> Histog
             bound = float(labels["le"])
         except ValueError as e:
             raise ExpositionError(f"{name}: bucket bound {labels['le'][:20]!r} is not a number") from e
+        if not (math.isinf(bound) and bound > 0) and not BOUND_RANGE[0] <= bound <= BOUND_RANGE[1]:
+            raise ExpositionError(f"{name}: bucket bound {bound!r} is not a latency in seconds")
         by_bound[bound] = by_bound.get(bound, 0.0) + value
         if len(by_bound) > MAX_BUCKETS:
             raise ExpositionError(f"{name}: more than {MAX_BUCKETS} buckets")
@@ -119,13 +129,18 @@ def parse(text: str, at: float) -> Scrape:
     ``_bucket`` samples under ``# TYPE`` lines is not something a peer should be able to steer.
     """
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    wanted = {f"{REQUESTS}_total", *GAUGES, f"{TTFT}_bucket", f"{ITL}_bucket"}
+    # Only the wanted series' lines reach the (pure-Python, slow) parser: a peer's 8 MB of
+    # anything else costs a scan, not a parse. Comments go too: samples are matched by name.
+    kept = "\n".join(line for line in text.splitlines() if line.startswith(WANTED_PREFIXES))
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(kept + "\n"):
             for sample in family.samples:
-                if sample.name in wanted:
+                if sample.name in WANTED:
                     value = _finite(float(sample.value), sample.name)
-                    samples.setdefault(sample.name, []).append((dict(sample.labels), value))
+                    series = samples.setdefault(sample.name, [])
+                    if len(series) >= MAX_SERIES:
+                        raise ExpositionError(f"{sample.name}: more than {MAX_SERIES} series")
+                    series.append((dict(sample.labels), value))
     except (ValueError, TypeError, IndexError) as e:
         if isinstance(e, ExpositionError):
             raise
@@ -168,11 +183,13 @@ def between(older: Scrape, newer: Scrape) -> InstanceSample | None:
 
 
 def merged(histograms: Sequence[Histogram | None]) -> Histogram | None:
-    """The pool's histogram: bucket counts added across instances with the same bounds."""
+    """The pool's histogram: bucket counts added across the instances that share the most common
+    bounds (SGLang's defaults on an honest pool; one odd instance cannot take the pool's latency over)."""
     present = [h for h in histograms if h is not None]
     if not present:
         return None
-    first = present[0]
-    same = [h for h in present if h.uppers == first.uppers]
-    counts = tuple(sum(h.counts[i] for h in same) for i in range(len(first.uppers)))
-    return Histogram(first.uppers, counts)
+    layouts = Counter(h.uppers for h in present)
+    uppers = layouts.most_common(1)[0][0]
+    same = [h for h in present if h.uppers == uppers]
+    counts = tuple(sum(h.counts[i] for h in same) for i in range(len(uppers)))
+    return Histogram(uppers, counts)

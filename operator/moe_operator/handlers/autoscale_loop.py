@@ -34,6 +34,8 @@ from moe_operator.handlers.state import DeploymentState, OperatorState, operator
 from moe_operator.reconcile.observe import trusted_pods
 
 TICK_S = float(os.environ.get("MOE_AUTOSCALE_INTERVAL_S", "30"))
+SCRAPE_TIMEOUT_S = 2.0  # per read (a slow peer is cut at 4x this): a tick of 256 leaders stays bounded
+SCRAPE_WORKERS = 16
 Samples = dict[str, dict[int, signals.InstanceSample]]
 
 
@@ -61,15 +63,16 @@ def scrape(
     heads = [p for p in pods if p["rank"] == 0 and p["ip"] and not p["deleting"]]
     now = time.time()
 
-    def one(pod: dict[str, Any]) -> tuple[dict[str, Any], signals.Scrape | None]:
-        try:
-            with RuntimeClient() as client:
-                return pod, signals.parse(client.engine_metrics(str(pod["ip"]), port), now)
-        except (RuntimeAnswerError, signals.ExpositionError):
-            return pod, None
+    with RuntimeClient(timeout_s=SCRAPE_TIMEOUT_S) as client:
 
-    with ThreadPoolExecutor(max_workers=8) as pool_:
-        read = list(pool_.map(one, heads))
+        def one(pod: dict[str, Any]) -> tuple[dict[str, Any], signals.Scrape | None]:
+            try:
+                return pod, signals.parse(client.engine_metrics(str(pod["ip"]), port), now)
+            except (RuntimeAnswerError, signals.ExpositionError):
+                return pod, None
+
+        with ThreadPoolExecutor(max_workers=SCRAPE_WORKERS) as workers:
+            read = list(workers.map(one, heads))
     out: Samples = {}
     seen = set()
     for pod, new in read:
@@ -141,7 +144,7 @@ def autoscale_timer(
     namespace, name, now = str(body.metadata.namespace or ""), str(body.metadata.name), time.time()
     pods = leaders(body, kwargs)
     samples = scrape(op, op.deployment(str(body.metadata.uid)), pods, spec.engine.port, namespace, name)
-    scales = pool_scales(spec, status)
+    scales = pool_scales(spec, status, now)
     updates: dict[str, Any] = {p: None for p in status.get("autoscaling") or {} if p not in scales}
     for pool, (decision, obs) in decide_all(spec, status, samples, scales, now).items():
         step = act(spec, pool, scales[pool], decision, pods, samples, now)

@@ -120,7 +120,9 @@ def _steps(t: Target) -> None:
     checked = check_spec(t)
     if checked is None:
         return
-    spec, serving = effective_spec(checked, t.status)  # the autoscaler's sizes, where it scales
+    spec, serving = effective_spec(
+        checked, t.status, t.now.timestamp()
+    )  # the autoscaler's sizes, where it scales
     backend = choose_backend(t, spec)
     if backend is None:
         return
