@@ -27,6 +27,7 @@ def test_every_family_read_is_sglangs_with_its_type() -> None:
         s.QUEUED: "gauge",
         s.TOKEN_USAGE: "gauge",
         s.GEN_THROUGHPUT: "gauge",
+        **{name: "gauge" for name in s.HANDOFF},
     }
     assert {name: families.get(name) for name in expected} == expected
 

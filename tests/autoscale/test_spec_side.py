@@ -107,7 +107,10 @@ def test_the_reconciler_renders_status_sizes_and_the_router_lists_only_serving()
 
 
 def _sample(rate: float, running: float = 1, itl: tuple[float, ...] = (0.0, 30.0, 30.0)) -> InstanceSample:
-    return InstanceSample(rate, running, 0.0, 0.5, None, Histogram((0.04, 0.08, float("inf")), itl))
+    itl_h = Histogram((0.04, 0.08, float("inf")), itl)
+    return InstanceSample(
+        rate=rate, running=running, queued=0.0, handoff=0.0, token_usage=0.5, ttft=None, itl=itl_h
+    )
 
 
 def test_the_pool_observation_counts_only_serving_instances() -> None:

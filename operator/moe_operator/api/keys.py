@@ -21,6 +21,7 @@ RANK: Final = f"{DOMAIN}/rank"
 MANAGED_BY_KEY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "moe-operator"
 COMPONENT: Final = "app.kubernetes.io/component"
+ROUTER_WORKERS: Final = f"{DOMAIN}/router-workers"  # pools' listed instances, on an autoscaled router
 POD_INDEX: Final = "apps.kubernetes.io/pod-index"  # set by the StatefulSet/LeaderWorkerSet controllers
 
 # Annotations on children: what was rendered, where an instance runs, its group's lifecycle.

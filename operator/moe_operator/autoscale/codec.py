@@ -74,11 +74,12 @@ def read_model(text: str, metrics: tuple[str, ...], now: float) -> PoolState | N
         rates_raw = doc.get("rates") or []
         if not isinstance(rates_raw, list) or len(rates_raw) > MAX_RATES:
             return None
-        rates = tuple(
-            (_num(p[0], now - HISTORY_S - 60, now + 60), _num(p[1], 0, 1e12))
+        pairs = [
+            (_num(p[0], 0, now + 60), _num(p[1], 0, 1e12))
             for p in rates_raw
             if isinstance(p, list) and len(p) == 2
-        )
+        ]
+        rates = tuple((t, r) for t, r in pairs if t >= now - HISTORY_S)  # an outage ages rates, not the fit
         if any(b[0] < a[0] for a, b in itertools.pairwise(rates)):
             return None
 
@@ -118,12 +119,14 @@ def _count(value: Any) -> int:
 
 
 def read_scale(
-    raw: Mapping[str, Any], fallback: Scale, lo: int, hi: int, now: float, horizon_s: float
+    raw: Mapping[str, Any], fallback: Scale, lo: int, hi: int, now: float, horizon_s: float, existing: int = 0
 ) -> Scale:
-    """The pool's size as status holds it, inside [lo, hi]; the fallback when it does not check out.
+    """The pool's size as status holds it; the fallback when it does not check out.
 
-    Times later than ``now`` (a rollback's pause: ``now + horizon_s``) are not the operator's: a
-    tampered far-future time would otherwise pause growth or hold a drain open for good.
+    At least ``lo``; above ``hi`` only as far as instances already exist (``existing``: a lowered
+    maxReplicas is drained down one instance at a time, while a tampered status cannot create
+    groups past it). Times later than ``now`` (a rollback's pause: ``now + horizon_s``) are not
+    the operator's: a tampered far-future time would otherwise pause growth or hold a drain open.
     """
     try:
         instances, serving = _count(raw["instances"]), _count(raw["serving"])
@@ -138,8 +141,8 @@ def read_scale(
 
     pending = when("pendingSince")
     draining = raw.get("reason") == "draining" and instances - serving == 1 and pending is not None
-    draining = draining and lo <= serving and instances <= hi
-    instances = min(max(instances, lo), hi)  # the spec's bounds hold whatever status says
+    draining = draining and lo <= serving
+    instances = min(max(instances, lo), max(hi, min(existing, instances)))
     return Scale(
         instances=instances,
         serving=min(serving, instances),

@@ -84,7 +84,7 @@ class PoolDecision:
     instances: int
     reason: str  # a metric label
     message: str  # for status and events
-    need: int  # instances the forecast load needs (before min, max, budget)
+    need: int  # instances the load needs (forecast, scale-in window, KV, breach; before min, max, budget)
     state: PoolState
     width: Width | None = None  # a recommended size, when it holds the load on fewer GPUs
     numbers: dict[str, float] = field(default_factory=dict)
@@ -217,7 +217,8 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
     breach = _breach(policy, obs)
     booting = max(0, state.instances - obs.serving)
     floor = obs.serving + 1 if breach and booting == 0 else 0
-    need = max(need_out, kv, floor)
+    need = max(need_out, kv, floor)  # what scale-out grows to
+    keep_need = max(need, need_in)  # what scale-in keeps: the burst memory too, so a drain is not undone
     width = recommend_width(policy, obs, kv, max(need_out, floor))
     if kv > max(need_out, floor):
         bound = "kv"
@@ -234,7 +235,7 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
     new_state = replace(state, fits=fits, rates=rates, surge=surge, queued=obs.queued)
     lo, hi = policy.min_instances, policy.max_instances
     target, reason = min(max(state.instances, lo), hi), "steady"
-    detail = f"load {offered:.3g} req/s (ahead {ahead:.3g}) needs {need} instance(s), {bound}-bound"
+    detail = f"load {offered:.3g} req/s (ahead {ahead:.3g}) needs {keep_need} instance(s), {bound}-bound"
     if breach:
         detail += f"; SLO breached: {breach}"
     if need > state.instances and state.instances < hi:
@@ -243,7 +244,7 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
         else:
             target, reason = min(need, state.instances + policy.max_step_out, hi), "scale_out"
             new_state = replace(new_state, last_out=now)
-    elif max(need_in, kv, floor, lo) < state.instances and not breach:
+    elif max(keep_need, lo) < state.instances and not breach:
         last = max(t for t in (state.last_out, state.last_in, -math.inf) if t is not None)
         if booting:
             reason = "booting"
@@ -254,11 +255,13 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
             new_state = replace(new_state, last_in=now)
     if target < lo or state.instances < lo:
         target, reason = max(target, lo), "min_instances"
+    elif state.instances > hi:  # maxReplicas lowered: one drained instance at a time
+        target, reason = state.instances - 1, "max_instances"
     message = f"{reason}: {state.instances} -> {target}; {detail}"
     if width is not None:
         message += f"; KV-bound: {width.nodes} node(s) per instance would hold it on fewer GPUs"
     new_state = replace(new_state, instances=target)
-    return PoolDecision(state.instances, target, reason, message, need, new_state, width, numbers)
+    return PoolDecision(state.instances, target, reason, message, keep_need, new_state, width, numbers)
 
 
 def within_budget(

@@ -8,7 +8,7 @@ the spec's size inside the bounds, never to zero.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..api.derived import Pool, pools
@@ -19,8 +19,11 @@ from .policy import scaled_pools
 from .scale import Scale, initial
 
 
-def pool_scales(spec: MoEDeploymentSpec, status: Mapping[str, Any], now: float) -> dict[Pool, Scale]:
-    """Each scaled pool's size as status holds it (or where it starts)."""
+def pool_scales(
+    spec: MoEDeploymentSpec, status: Mapping[str, Any], now: float, existing: Mapping[str, int] | None = None
+) -> dict[Pool, Scale]:
+    """Each scaled pool's size as status holds it (or where it starts). ``existing``: instances
+    per pool that exist now (a lowered maxReplicas drains them rather than cutting them)."""
     auto = status.get("autoscaling")
     auto = auto if isinstance(auto, Mapping) else {}
     out: dict[Pool, Scale] = {}
@@ -29,17 +32,30 @@ def pool_scales(spec: MoEDeploymentSpec, status: Mapping[str, Any], now: float) 
         raw = auto.get(name)
         horizon = parse_duration(a.boot_time)
         if isinstance(raw, Mapping):
-            out[name] = read_scale(raw, fallback, a.min_replicas, a.max_replicas, now, horizon)
+            have = (existing or {}).get(name, 0)
+            out[name] = read_scale(raw, fallback, a.min_replicas, a.max_replicas, now, horizon, have)
         else:
             out[name] = fallback
     return out
 
 
+def existing_instances(pods: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Instances per pool that have pods now (the highest index + 1), from the engine pod index."""
+    out: dict[str, int] = {}
+    for p in pods:
+        try:
+            pool, index = str(p["pool"]), int(p["instance"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        out[pool] = max(out.get(pool, 0), min(max(index, 0), 255) + 1)
+    return out
+
+
 def effective_spec(
-    spec: MoEDeploymentSpec, status: Mapping[str, Any], now: float
+    spec: MoEDeploymentSpec, status: Mapping[str, Any], now: float, existing: Mapping[str, int] | None = None
 ) -> tuple[MoEDeploymentSpec, dict[str, int]]:
     """The spec with the autoscaler's instance counts, and the router's list length per scaled pool."""
-    scales = pool_scales(spec, status, now)
+    scales = pool_scales(spec, status, now, existing)
     if not scales:
         return spec, {}
     update: dict[str, Any] = {

@@ -49,5 +49,5 @@ def pool_observation(
 
 
 def idle(samples: Mapping[int, InstanceSample]) -> frozenset[int]:
-    """Instances with nothing running or queued: a drained one may go."""
-    return frozenset(i for i, s in samples.items() if s.running == 0 and s.queued == 0)
+    """Instances with nothing running, queued or in a P/D KV hand-off: a drained one may go."""
+    return frozenset(i for i, s in samples.items() if s.running == 0 and s.queued == 0 and s.handoff == 0)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 
-MIN_DRAIN_S = 30.0  # the router's rollout: old router pods may still send until they are replaced
+MIN_DRAIN_S = 30.0  # and the router settled: old router pods may still send until they are replaced
 
 
 @dataclass(frozen=True)
@@ -44,20 +44,22 @@ def initial(replicas: int, lo: int, hi: int) -> Scale:
 def advance(
     s: Scale,
     want: int,
-    need: int,
+    need: int | None,
     ready: Collection[int],
     idle: Collection[int],
     now: float,
     boot_s: float,
     drain_timeout_s: float,
+    router_settled: bool = True,
 ) -> Step:
     """One tick: ``want`` is the decision's size and ``need`` what the load needs (a drain is
-    cancelled only when the load needs the instance back, not while the decision merely keeps
-    the size it has); ``ready`` and ``idle`` are instance indexes as observed."""
+    cancelled only when the load needs the instance back; None: no data, nothing is cancelled);
+    ``ready`` and ``idle`` are instance indexes as observed; ``router_settled``: the router runs
+    the current worker list everywhere (a drained instance may go only then, or at the timeout)."""
     if s.blocked_until is not None and now < s.blocked_until:
         want = min(want, s.instances)
     if s.draining:
-        return _drain(s, need, idle, now, drain_timeout_s)
+        return _drain(s, need, idle, now, drain_timeout_s, router_settled)
     if s.instances > s.serving:
         return _grow(s, want, ready, now, boot_s)
     if want > s.instances:
@@ -80,13 +82,15 @@ def advance(
     return Step(s, "")
 
 
-def _drain(s: Scale, need: int, idle: Collection[int], now: float, timeout_s: float) -> Step:
+def _drain(
+    s: Scale, need: int | None, idle: Collection[int], now: float, timeout_s: float, router_settled: bool
+) -> Step:
     leaving = s.serving
     waited = now - (s.pending_since if s.pending_since is not None else now)
-    if need > s.serving:  # load came back: the warm instance serves again
+    if need is not None and need > s.serving:  # load came back: the warm instance serves again
         back = replace(s, serving=s.instances, pending_since=None, last_change=now, draining=False)
         return Step(back, "steady", "DrainCancelled", f"instance {leaving} back on the router: load needs it")
-    if waited >= MIN_DRAIN_S and leaving in idle:
+    if waited >= MIN_DRAIN_S and leaving in idle and router_settled:
         gone = replace(s, instances=s.serving, pending_since=None, last_change=now, draining=False)
         return Step(
             gone,
@@ -108,7 +112,9 @@ def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float
     if all(i in ready for i in new):
         up = replace(s, serving=s.instances, pending_since=None, last_change=now)
         return Step(up, "scaled_out", "ScaledOut", f"{s.instances} instance(s) serving")
-    since = s.pending_since if s.pending_since is not None else now
+    if s.pending_since is None:  # growth the autoscaler did not start (minReplicas raised): time it now
+        return Step(replace(s, pending_since=now), "booting")
+    since = s.pending_since
     if now - since > 2 * boot_s:
         stuck = [i for i in new if i not in ready]
         back = Scale(s.serving, s.serving, None, now, now + boot_s)

@@ -24,7 +24,13 @@ RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
 TOKEN_USAGE = "sglang:token_usage"
 GEN_THROUGHPUT = "sglang:gen_throughput"
-GAUGES = (RUNNING, QUEUED, TOKEN_USAGE, GEN_THROUGHPUT)
+# P/D hand-off queues: a request waiting for its KV to arrive (decode) or to leave (prefill)
+HANDOFF = (
+    "sglang:num_decode_prealloc_queue_reqs",
+    "sglang:num_decode_transfer_queue_reqs",
+    "sglang:num_prefill_inflight_queue_reqs",
+)
+GAUGES = (RUNNING, QUEUED, TOKEN_USAGE, GEN_THROUGHPUT, *HANDOFF)
 WANTED = frozenset({f"{REQUESTS}_total", *GAUGES, f"{TTFT}_bucket", f"{ITL}_bucket"})
 WANTED_PREFIXES = tuple(f"{n}{{" for n in WANTED) + tuple(f"{n} " for n in WANTED)
 MAX_BUCKETS = 64  # SGLang's longest default has 23 bounds
@@ -84,6 +90,7 @@ class InstanceSample:
     rate: float  # finished requests per second
     running: float
     queued: float
+    handoff: float  # requests in the P/D transfer queues (0 on a standalone server)
     token_usage: float  # 0..1, mean over the instance's scheduler ranks
     ttft: Histogram | None  # observations in the interval (None: the server does not observe it)
     itl: Histogram | None
@@ -176,6 +183,7 @@ def between(older: Scrape, newer: Scrape) -> InstanceSample | None:
         rate=(newer.requests - older.requests) / dt,
         running=g.get(RUNNING, 0.0),
         queued=g.get(QUEUED, 0.0),
+        handoff=sum(g.get(name, 0.0) for name in HANDOFF),
         token_usage=min(1.0, g.get(TOKEN_USAGE, 0.0)),
         ttft=delta(TTFT),
         itl=delta(ITL),

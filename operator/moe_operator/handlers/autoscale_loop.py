@@ -18,13 +18,14 @@ from typing import Any
 import kopf
 
 from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason
 from moe_operator.api.derived import Pool, pools, world_size
 from moe_operator.api.names import GROUP, PLURAL
 from moe_operator.api.types import parse_duration
 from moe_operator.autoscale import codec, signals
 from moe_operator.autoscale.decide import PoolDecision, PoolState, decide_pool, within_budget
-from moe_operator.autoscale.effective import pool_scales
+from moe_operator.autoscale.effective import existing_instances, pool_scales
 from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
 from moe_operator.autoscale.prior import prior, seeded
@@ -99,7 +100,7 @@ def decide_all(
     stored = status.get("autoscaling") or {}
     for pool, scale in scales.items():
         policy = pool_policy(spec, pool)
-        ttft_from = samples.get("decode", {}) if pool == "prefill" else None
+        ttft_from = decode_serving(samples, scales) if pool == "prefill" else None
         obs = pool_observation(now, samples.get(pool, {}), scale.serving, policy.objectives, ttft_from)
         metrics = tuple(o.metric for o in policy.objectives)
         raw = stored.get(pool)
@@ -110,20 +111,47 @@ def decide_all(
         state = replace(state, instances=scale.instances, fits=seeded(state.fits, policy, obs))
         out[pool] = (decide_pool(policy, state, obs), obs)
     gpus: dict[str, int] = {p: world_size(pools(spec)[p], spec.topology) for p in out}
-    trimmed = within_budget({str(p): d for p, (d, _) in out.items()}, spec.gpu_budget, gpus)
+    fixed = sum(p.replicas * world_size(p, spec.topology) for n, p in pools(spec).items() if n not in out)
+    budget = (
+        None if spec.gpu_budget is None else max(0, spec.gpu_budget - fixed)
+    )  # what the fixed pools leave
+    trimmed = within_budget({str(p): d for p, (d, _) in out.items()}, budget, gpus)
     return {p: (trimmed[p], obs) for p, (_, obs) in out.items()}
+
+
+def decode_serving(samples: Samples, scales: dict[Pool, Scale]) -> dict[int, signals.InstanceSample]:
+    """The decode instances on the router's list: where a P/D deployment's TTFT is observed."""
+    listed = scales["decode"].serving if "decode" in scales else None
+    return {i: s for i, s in samples.get("decode", {}).items() if listed is None or i < listed}
+
+
+def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int) -> bool:
+    """The router Deployment lists ``serving`` instances of the pool and every pod runs that list."""
+    if router is None:
+        return False
+    listing = dict(
+        part.split("=", 1)
+        for part in str(router["annotations"].get(K.ROUTER_WORKERS, "")).split(",")
+        if "=" in part
+    )
+    st = router["status"]
+    replicas = st.get("replicas")
+    rolled = replicas is not None and replicas == st.get("updatedReplicas") == st.get("readyReplicas")
+    return listing.get(pool) == str(serving) and rolled and not st.get("unavailableReplicas")
 
 
 def act(
     spec: MoEDeploymentSpec, pool: Pool, scale: Scale, decision: PoolDecision, pods: list[dict[str, Any]],
-    samples: Samples, now: float,
+    samples: Samples, router: dict[str, Any] | None, now: float,
 ) -> Step:  # fmt: skip
     a = scaled_pools(spec)[pool]
     policy = pool_policy(spec, pool)
     ready = ready_instances(spec, pods, pool)
     drain_s = parse_duration(a.drain_timeout)
-    want, need = decision.instances, decision.need
-    return advance(scale, want, need, ready, idle(samples.get(pool, {})), now, policy.boot_s, drain_s)
+    need = None if decision.reason == "no_data" else decision.need  # no data cancels nothing
+    settled = router_settled(router, pool, scale.serving)
+    quiet = idle(samples.get(pool, {}))
+    return advance(scale, decision.instances, need, ready, quiet, now, policy.boot_s, drain_s, settled)
 
 
 @kopf.timer(GROUP, PLURAL, interval=TICK_S, initial_delay=TICK_S)
@@ -144,10 +172,12 @@ def autoscale_timer(
     namespace, name, now = str(body.metadata.namespace or ""), str(body.metadata.name), time.time()
     pods = leaders(body, kwargs)
     samples = scrape(op, op.deployment(str(body.metadata.uid)), pods, spec.engine.port, namespace, name)
-    scales = pool_scales(spec, status, now)
+    scales = pool_scales(spec, status, now, existing_instances(pods))
+    key = (namespace, name)
+    router = next((d for d in kwargs["deployment_index"].get(key, []) if d["name"] == f"{name}-router"), None)
     updates: dict[str, Any] = {p: None for p in status.get("autoscaling") or {} if p not in scales}
     for pool, (decision, obs) in decide_all(spec, status, samples, scales, now).items():
-        step = act(spec, pool, scales[pool], decision, pods, samples, now)
+        step = act(spec, pool, scales[pool], decision, pods, samples, router, now)
         updates[pool] = codec.write_pool(step.scale, step, decision, obs)
         op.metrics.counter(
             "moe_operator_autoscale_decisions_total", namespace, name, pool, updates[pool]["reason"]
@@ -160,5 +190,5 @@ def autoscale_timer(
             )
             logger.info(f"{name}/{pool}: {step.message}")
         if step.scale != scales[pool]:
-            op.wakeups.mark((namespace, name))
+            op.wakeups.mark(key)
     patch.status["autoscaling"] = updates

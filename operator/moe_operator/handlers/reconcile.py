@@ -26,7 +26,7 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason
 from moe_operator.api.names import GROUP, PLURAL
-from moe_operator.autoscale.effective import effective_spec
+from moe_operator.autoscale.effective import effective_spec, existing_instances
 from moe_operator.handlers.indexes import CHILD_INDEXES, MANAGED, served_kinds
 from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.start_probe import read_starts
@@ -120,9 +120,8 @@ def _steps(t: Target) -> None:
     checked = check_spec(t)
     if checked is None:
         return
-    spec, serving = effective_spec(
-        checked, t.status, t.now.timestamp()
-    )  # the autoscaler's sizes, where it scales
+    # the autoscaler's sizes where it scales; a lowered maxReplicas drains what exists
+    spec, serving = effective_spec(checked, t.status, t.now.timestamp(), existing_instances(t.pods()))
     backend = choose_backend(t, spec)
     if backend is None:
         return

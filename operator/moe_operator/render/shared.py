@@ -206,6 +206,9 @@ def router_objects(
         "metadata": _meta(owner, f"{owner.name}-router", "router"),
         "spec": {"selector": selector, "ports": [{"name": "http", "port": r.port, "targetPort": r.port}]},
     }
+    if serving:  # the autoscaler waits until the router runs this list before removing a drained instance
+        listing = ",".join(f"{pool}={listed(pool)}" for pool in pools(spec))
+        deployment["metadata"].setdefault("annotations", {})[K.ROUTER_WORKERS] = listing
     harden_router_pod(deployment["spec"]["template"]["spec"], owner, r.replicas, selector)
     extra = [router_disruption_budget(owner, selector)] if r.replicas >= 2 else []
     return [router_service_account(owner), deployment, service, *extra]

@@ -67,17 +67,17 @@ def check_autoscaling(spec: MoEDeploymentSpec) -> list[Problem]:
                 )
             )
     if spec.gpu_budget is not None and scaled:
-        floor = sum(
-            p.autoscaling.min_replicas * world_size(p, spec.topology)
-            for p in scaled.values()
-            if p.autoscaling
+        held = sum(
+            (p.autoscaling.min_replicas if name in scaled and p.autoscaling else p.replicas)
+            * world_size(p, spec.topology)
+            for name, p in pools(spec).items()
         )
-        if floor > spec.gpu_budget:
+        if held > spec.gpu_budget:
             problems.append(
                 Problem(
                     "spec.gpuBudget",
-                    f"spec.gpuBudget ({spec.gpu_budget}) is below the {floor} GPUs the autoscaled pools' "
-                    "minReplicas hold; raise it or lower minReplicas",
+                    f"spec.gpuBudget ({spec.gpu_budget}) is below the {held} GPUs the pools hold at their "
+                    "smallest (autoscaled pools' minReplicas, the others' replicas); raise it or lower those",
                 )
             )
     return problems

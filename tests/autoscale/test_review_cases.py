@@ -1,0 +1,117 @@
+"""Cases a review of the autoscaler found: each failed before its fix."""
+
+from __future__ import annotations
+
+import json
+
+from moe_operator.autoscale import codec
+from moe_operator.autoscale.decide import (
+    Objective,
+    PoolObservation,
+    PoolPolicy,
+    PoolState,
+    Width,
+    decide_pool,
+)
+from moe_operator.autoscale.model import Fit
+from moe_operator.autoscale.observe import idle
+from moe_operator.autoscale.scale import Scale, advance
+from moe_operator.autoscale.signals import InstanceSample
+from moe_operator.handlers.autoscale_loop import router_settled
+
+FIT = Fit(base_s=0.03, mu=4.0)
+POLICY = PoolPolicy(
+    objectives=(Objective("itl", 0.06, 0.9),), min_instances=1, max_instances=20,
+    width=Width(nodes=1, gpus=8, kv_tokens=1.0), scale_in_window_s=120, scale_in_cooldown_s=60, boot_s=120,
+)  # fmt: skip
+NOW = 1_800_000_000.0
+
+
+def test_a_burst_then_a_plateau_drains_without_undoing_itself() -> None:
+    """Scale-in keeps the burst memory, so the drain it starts is not cancelled the next tick."""
+    state, scale = PoolState(instances=5, fits={"itl": FIT}), Scale(5, 5)
+    events = []
+    loads = [8.0] * 20 + [20.0] * 10 + [8.0] * 200
+    for i, rate in enumerate(loads):
+        serving = scale.serving
+        itl = min(FIT.latency(rate / serving), 5.0)
+        obs = PoolObservation(30.0 * i, serving, rate, {"itl": itl}, 0.3, 0.0)
+        d = decide_pool(POLICY, state, obs)
+        state = d.state
+        step = advance(
+            scale, d.instances, d.need, set(range(scale.instances)), {scale.serving}, 30.0 * i, 120, 600
+        )
+        scale = step.scale
+        state = PoolState(**{**state.__dict__, "instances": scale.instances})
+        if step.event:
+            events.append(step.event)
+    assert "DrainCancelled" not in events, events
+    assert events.count("ScaledIn") >= 1
+
+
+def test_no_data_cancels_no_drain() -> None:
+    draining = advance(Scale(3, 3), 2, 2, {0, 1, 2}, set(), 0, 300, 600).scale
+    assert advance(draining, 3, None, {0, 1, 2}, set(), 30, 300, 600).scale.draining
+
+
+def test_a_drain_ends_on_idle_only_once_the_router_runs_the_shorter_list() -> None:
+    draining = advance(Scale(3, 3), 2, 2, {0, 1, 2}, set(), 0, 300, 600).scale
+    waiting = advance(draining, 2, 2, {0, 1, 2}, {2}, 60, 300, 600, router_settled=False)
+    assert waiting.scale.instances == 3
+    assert advance(draining, 2, 2, {0, 1, 2}, {2}, 60, 300, 600, router_settled=True).scale.instances == 2
+    assert (
+        advance(draining, 2, 2, {0, 1, 2}, {2}, 600, 300, 600, router_settled=False).event == "DrainTimedOut"
+    )
+
+
+def test_growth_the_autoscaler_did_not_start_is_timed_and_can_roll_back() -> None:
+    raised = Scale(instances=3, serving=2)  # minReplicas raised: status had 2
+    first = advance(raised, 3, 3, {0, 1}, set(), 0, 300, 600)
+    assert first.scale.pending_since == 0
+    assert advance(first.scale, 3, 3, {0, 1}, set(), 601, 300, 600).event == "ScaleOutRolledBack"
+
+
+def test_a_lowered_max_drains_what_exists_and_tampering_creates_nothing() -> None:
+    fallback = Scale(2, 2)
+    lowered = codec.read_scale({"instances": 6, "serving": 6}, fallback, 1, 4, NOW, 600, existing=6)
+    assert (lowered.instances, lowered.serving) == (6, 6)
+    d = decide_pool(
+        PoolPolicy(objectives=POLICY.objectives, min_instances=1, max_instances=4, width=POLICY.width),
+        PoolState(instances=6, fits={"itl": FIT}),
+        PoolObservation(NOW, 6, 6.0, {"itl": 0.04}, 0.3, 0.0),
+    )
+    assert (d.instances, d.reason) == (5, "max_instances")
+    tampered = codec.read_scale({"instances": 200, "serving": 200}, fallback, 1, 4, NOW, 600, existing=2)
+    assert tampered.instances == 4
+
+
+def test_router_settled_reads_the_listing_and_the_rollout() -> None:
+    def router(listing: str, **status: int) -> dict:  # type: ignore[type-arg]
+        return {"annotations": {"moe.inference.dev/router-workers": listing}, "status": status}
+
+    done = {"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}
+    assert router_settled(router("decode=2", **done), "decode", 2)
+    assert not router_settled(router("decode=3", **done), "decode", 2)
+    assert not router_settled(router("decode=2", replicas=3, updatedReplicas=1, readyReplicas=2), "decode", 2)
+    assert not router_settled(router("decode=2", **done, unavailableReplicas=1), "decode", 2)
+    assert not router_settled(None, "decode", 2)
+    assert not router_settled(router("garbage", **done), "decode", 2)
+
+
+def test_a_kv_handoff_in_flight_is_not_idle() -> None:
+    def sample(handoff: float) -> InstanceSample:
+        return InstanceSample(
+            rate=0, running=0, queued=0, handoff=handoff, token_usage=0, ttft=None, itl=None
+        )
+
+    assert idle({0: sample(0.0), 1: sample(2.0)}) == frozenset({0})
+
+
+def test_an_outage_ages_rates_out_but_keeps_the_fit() -> None:
+    fit = Fit(0.03, 4.0, sums=(3.0, 3.0, 90.0, 3.0, 90.0), samples=3)
+    state = PoolState(instances=2, fits={"itl": fit}, rates=((NOW - 8000, 1.0), (NOW - 10, 2.0)))
+    back = codec.read_model(codec.write_model(state), ("itl",), NOW)
+    assert back is not None and back.rates == ((NOW - 10, 2.0),) and back.fits["itl"].samples == 3
+    doc = json.loads(codec.write_model(state))
+    doc["rates"] = [[NOW + 3600, 1.0]]
+    assert codec.read_model(json.dumps(doc), ("itl",), NOW) is None  # from the future: not ours
