@@ -10,10 +10,13 @@ import pytest
 import yaml
 
 from moe_operator.api import MoEDeploymentSpec
-from moe_operator.autoscale.decide import PoolObservation
+from moe_operator.autoscale import codec
+from moe_operator.autoscale.decide import PoolObservation, PoolState, decide_pool
 from moe_operator.autoscale.effective import effective_spec
+from moe_operator.autoscale.model import Fit
 from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
+from moe_operator.autoscale.scale import Scale, Step
 from moe_operator.autoscale.signals import Histogram, InstanceSample
 from moe_operator.render.group import Owner
 from moe_operator.render.network import operator_ports
@@ -137,3 +140,25 @@ def test_spec_replicas_stay_the_scale_subresource_for_external(tmp_path: Path) -
         ].decode.replicas
         == 3
     )
+
+
+def test_width_options_carry_the_kv_room_the_capacity_model_gives() -> None:
+    """DeepSeek-V3 decode on H100: a wider instance holds fewer expert weights per GPU, so more KV."""
+    raw = _spec(
+        "deepseek-v3-pd-h100.yaml", decode={**AUTO, "slo": {"itl": "50ms"}, "nodesPerReplicaOptions": [18, 5]}
+    )
+    raw["prefill"]["autoscaling"] = {**AUTO, "slo": {"ttft": "2s"}}
+    assert _messages(raw) == ""
+    spec = MoEDeploymentSpec.model_validate(raw)
+    p = pool_policy(spec, "decode")
+    by_nodes = {w.nodes: w for w in p.widths}
+    assert p.width.nodes == 9 and 9 in by_nodes and 18 in by_nodes
+    assert 5 not in by_nodes  # 5 x 8 = 40 GPUs does not divide 256 + 32 expert slots
+    assert by_nodes[18].kv_tokens / by_nodes[18].gpus > by_nodes[9].kv_tokens / by_nodes[9].gpus
+    # KV full at modest compute: the wider width is recommended, in status and by message
+    state = PoolState(instances=2, fits={"itl": Fit(0.02, 40.0)})
+    obs = PoolObservation(0.0, 2, 2.0, {"itl": 0.025}, 0.99, 50.0)
+    d = decide_pool(p, state, obs)
+    assert d.width is not None and d.width.nodes == 18 and "18 node(s)" in d.message
+    assert codec.write_pool(Scale(2, 2), Step(Scale(2, 2), ""), d, obs)["recommendedNodesPerReplica"] == 18
+    assert pool_policy(MoEDeploymentSpec.model_validate(_spec(decode=AUTO)), "decode").widths == ()

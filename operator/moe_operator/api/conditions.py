@@ -52,6 +52,7 @@ class Reason(StrEnum):
     DRAIN_CANCELLED = "DrainCancelled"
     SCALED_IN = "ScaledIn"
     DRAIN_TIMED_OUT = "DrainTimedOut"
+    WIDER_INSTANCE_RECOMMENDED = "WiderInstanceRecommended"
     # events of the reconciler
     MONITORING_SKIPPED = "MonitoringSkipped"
     COMPUTE_DOMAIN_SKIPPED = "ComputeDomainSkipped"

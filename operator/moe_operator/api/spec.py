@@ -223,6 +223,15 @@ class PoolAutoscalingSpec(APIObject):
         description="Percent of the rate an instance can take at the SLO that the pool is planned "
         "to: lower keeps more headroom against noise.",
     )
+    nodes_per_replica_options: list[Annotated[int, Field(ge=1, le=128)]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Other instance widths (nodesPerReplica) to weigh when KV-cache room, not compute, "
+        "limits the pool: a wider instance holds fewer expert weights per GPU, so more KV. The "
+        "autoscaler recommends the width that holds the pool's tokens on the fewest GPUs in "
+        "status.autoscaling.<pool>.recommendedNodesPerReplica and an event; it does not change "
+        "the width itself.",
+    )
     burst_memory: Annotated[Duration, DurationRange("1m", "168h")] = Field(
         default="6h",
         description="Half-life of the remembered largest rise of load within one bootTime; the "

@@ -219,6 +219,13 @@ class PoolAutoscalingStatus(StatusObject):
     token_usage: float | None = Field(
         default=None, ge=0, description="Mean KV-cache use of the serving instances, 0 to 1."
     )
+    recommended_nodes_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        le=128,
+        description="A wider instance that would hold the pool's KV cache on fewer GPUs "
+        "(autoscaling.nodesPerReplicaOptions), when KV room limits the pool; absent otherwise.",
+    )
     last_scale_time: str | None = Field(
         default=None, json_schema_extra={"format": "date-time"}, description="When instances last changed."
     )

@@ -177,8 +177,10 @@ def write_pool(
             "tokenUsage": obs.token_usage,
             "ratePerInstance": min((v for k, v in n.items() if k.endswith("RatePerInstance")), default=None),
         }
-        out.update({k: round(v, 4) for k, v in numbers.items() if v is not None and _fine(v)})
+        # None removes a stale value (status is merge-patched)
+        out.update({k: round(v, 4) if v is not None and _fine(v) else None for k, v in numbers.items()})
         out["latency"] = {m: round(v, 6) for m, v in obs.latency.items() if v is not None and _fine(v)}
+        out["recommendedNodesPerReplica"] = decision.width.nodes if decision.width is not None else None
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..api.derived import Pool, pools, world_size
 from ..api.spec import MoEDeploymentSpec, PoolAutoscalingSpec
 from ..api.types import parse_duration
+from ..validation.memory_rules import kv_tokens_at_width
 from .decide import Objective, PoolPolicy, Width
 
 
@@ -34,11 +35,18 @@ def pool_policy(spec: MoEDeploymentSpec, pool: Pool) -> PoolPolicy:
     a = p.autoscaling
     assert a is not None
     gpus = world_size(p, spec.topology)
+    per_node = spec.topology.gpus_per_node
+    kv_now = kv_tokens_at_width(spec, pool, p.nodes_per_replica)
+    width = Width(nodes=p.nodes_per_replica, gpus=gpus, kv_tokens=kv_now)
+    options = sorted(set(a.nodes_per_replica_options) - {p.nodes_per_replica})
+    others = [Width(n, n * per_node, kv_tokens_at_width(spec, pool, n)) for n in options]
+    widths = tuple(w for w in (width, *others) if w.kv_tokens > 0) if others and kv_now > 0 else ()
     return PoolPolicy(
         objectives=objectives(a),
         min_instances=a.min_replicas,
         max_instances=a.max_replicas,
-        width=Width(nodes=p.nodes_per_replica, gpus=gpus, kv_tokens=0.0),
+        width=width,
+        widths=widths,
         headroom=a.target_utilization / 100,
         scale_out_cooldown_s=parse_duration(a.scale_out_cooldown),
         scale_in_cooldown_s=parse_duration(a.scale_in_cooldown),

@@ -189,6 +189,12 @@ def autoscale_timer(
                 body, type="Normal", reason=Reason(step.event).value, message=f"{pool}: {step.message}"
             )
             logger.info(f"{name}/{pool}: {step.message}")
+        widen = updates[pool].get("recommendedNodesPerReplica")
+        if widen and widen != ((status.get("autoscaling") or {}).get(pool) or {}).get(
+            "recommendedNodesPerReplica"
+        ):
+            message = f"{pool}: {decision.message}"
+            kopf.event(body, type="Normal", reason=Reason.WIDER_INSTANCE_RECOMMENDED.value, message=message)
         if step.scale != scales[pool]:
             op.wakeups.mark(key)
     patch.status["autoscaling"] = updates

@@ -19,6 +19,7 @@ from ..capacity.layout import InstanceLayout
 from ..capacity.memory import (
     DEFAULT_MIN_KV_TOKENS,
     DEFAULT_USABLE_FRACTION,
+    max_concurrent_tokens,
     memory_fit,
     smallest_fitting_nodes,
 )
@@ -132,3 +133,32 @@ def _number(value: str | None, default: float) -> float:
     except ValueError:
         return default
     return number if math.isfinite(number) else -1.0
+
+
+def kv_tokens_at_width(spec: MoEDeploymentSpec, name: str, nodes: int) -> int:
+    """KV tokens one instance of pool ``name`` would hold at ``nodes`` nodes, with the same
+    attention TP and the pool's engine settings; 0 where that width does not fit or does not
+    divide the expert slots. Wider EP holds fewer expert weights per GPU, so more KV."""
+    arch = resolve_architecture(spec.model)
+    pool = pools(spec).get(name)  # type: ignore[call-overload]
+    if arch is None or pool is None:
+        return 0
+    try:
+        layout = pool_layout(pool, spec.topology)
+    except ValueError:
+        return 0
+    world = nodes * layout.gpus_per_node
+    if world % layout.attention_tp:
+        return 0
+    at = replace(layout, nodes=nodes, attention_dp=world // layout.attention_tp)
+    redundant = spec.eplb.redundant_experts if at.ep_size > 1 else 0
+    if at.ep_size > 1 and (arch.routed_experts + redundant) % at.ep_size:
+        return 0
+    args = effective_args(spec, name)  # type: ignore[arg-type]
+    fraction = _number(flag_value(args, MEM_FRACTION_FLAG), DEFAULT_USABLE_FRACTION)
+    if not 0 < fraction <= 1:
+        return 0
+    gpu_bytes = parse_bytes(spec.topology.gpu_memory)
+    b_param, b_kv = bytes_per_param(spec.model, arch), kv_bytes_per_element(spec.model)
+    fit = memory_fit(arch, at, gpu_bytes, b_param, b_kv, redundant, fraction)
+    return max_concurrent_tokens(fit, at) if fit.fits else 0
