@@ -7,10 +7,11 @@ run over both trees starts one operator, never two fighting over the same sandbo
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from moe_sandbox.cluster import Sandbox
-from operator_harness import EXAMPLE_GRANTS, OperatorProcess, install_crd
+from operator_harness import EXAMPLE_GRANTS, OperatorProcess, bind_model_volume, install_crd, moed_path
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +24,13 @@ def moe_operator(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> 
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture()
+def deployed(api: httpx.Client, namespace: str, moe_operator: OperatorProcess) -> Iterator[str]:
+    """A namespace with the model volume bound; its MoEDeployments are deleted afterwards
+    (the control-loop and autoscaler tests'; other trees define their own)."""
+    bind_model_volume(api, namespace, "models")
+    yield namespace
+    for item in api.get(moed_path(namespace)).json()["items"]:
+        api.delete(moed_path(namespace, item["metadata"]["name"]))

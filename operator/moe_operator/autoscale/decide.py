@@ -49,6 +49,7 @@ class PoolPolicy:
     scale_in_cooldown_s: float = 120.0
     scale_in_window_s: float = 600.0
     boot_s: float = 300.0
+    drain_timeout_s: float = 600.0
     max_step_out: int = 4
     surge_half_life_s: float = SURGE_HALF_LIFE_S
 
@@ -88,17 +89,6 @@ class PoolDecision:
     state: PoolState
     width: Width | None = None  # a recommended size, when it holds the load on fewer GPUs
     numbers: dict[str, float] = field(default_factory=dict)
-
-
-def _slope(rates: tuple[tuple[float, float], ...], now: float, span: float) -> float:
-    """Least-squares trend of the pool rate over the last ``span`` seconds (requests/s/s)."""
-    pts = [(t, r) for t, r in rates if now - t <= span]
-    if len(pts) < 3:
-        return 0.0
-    mt = sum(t for t, _ in pts) / len(pts)
-    mr = sum(r for _, r in pts) / len(pts)
-    den = sum((t - mt) ** 2 for t, _ in pts)
-    return 0.0 if den <= 0 else sum((t - mt) * (r - mr) for t, r in pts) / den
 
 
 def _smoothed(rates: tuple[tuple[float, float], ...]) -> list[tuple[float, float]]:

@@ -52,5 +52,6 @@ def pool_policy(spec: MoEDeploymentSpec, pool: Pool) -> PoolPolicy:
         scale_in_cooldown_s=parse_duration(a.scale_in_cooldown),
         scale_in_window_s=parse_duration(a.scale_in_window),
         boot_s=parse_duration(a.boot_time),
+        drain_timeout_s=parse_duration(a.drain_timeout),
         surge_half_life_s=parse_duration(a.burst_memory),
     )

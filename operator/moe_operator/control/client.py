@@ -78,25 +78,28 @@ class RuntimeClient:
 
     def engine_metrics(self, ip: str, port: int) -> str:
         """GET SGLang's own /metrics on the engine's HTTP port (no token: SGLang serves it open)."""
-        started = time.monotonic()
-        try:
-            with self._http.stream("GET", f"http://{ip}:{port}/metrics") as resp:
-                if resp.status_code != 200:
-                    raise RuntimeAnswerError(f"HTTP {resp.status_code}")
-                body = bytearray()
-                cut = self._read(resp, body, MAX_METRICS_BYTES, started)
-                if cut:
-                    raise RuntimeAnswerError(cut)
-        except httpx.HTTPError as exc:
-            raise RuntimeAnswerError(type(exc).__name__) from exc
+        body = self._get_bytes(f"http://{ip}:{port}/metrics", {}, {}, MAX_METRICS_BYTES)
         return body.decode("utf-8", errors="replace")
 
     def _get_json(self, ip: str, path: str, params: dict[str, str], max_bytes: int) -> dict[str, Any]:
         """A JSON object read under a byte cap and a deadline, else RuntimeAnswerError."""
-        started = time.monotonic()
         url = f"http://{ip}:{self._port}{path}"
+        body = self._get_bytes(url, params, self._headers(ip), max_bytes)
         try:
-            with self._http.stream("GET", url, params=params, headers=self._headers(ip)) as resp:
+            answer = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise RuntimeAnswerError("answer is not JSON") from exc
+        if not isinstance(answer, dict):
+            raise RuntimeAnswerError("answer is not a JSON object")
+        return answer
+
+    def _get_bytes(
+        self, url: str, params: dict[str, str], headers: dict[str, str], max_bytes: int
+    ) -> bytearray:
+        """A 200 answer's body read under a byte cap and a deadline, else RuntimeAnswerError."""
+        started = time.monotonic()
+        try:
+            with self._http.stream("GET", url, params=params, headers=headers) as resp:
                 if resp.status_code != 200:
                     raise RuntimeAnswerError(f"HTTP {resp.status_code}")
                 body = bytearray()
@@ -105,13 +108,7 @@ class RuntimeClient:
                     raise RuntimeAnswerError(cut)
         except httpx.HTTPError as exc:
             raise RuntimeAnswerError(type(exc).__name__) from exc
-        try:
-            answer = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            raise RuntimeAnswerError("answer is not JSON") from exc
-        if not isinstance(answer, dict):
-            raise RuntimeAnswerError("answer is not a JSON object")
-        return answer
+        return body
 
     def push(self, ip: str, doc: Mapping[str, Any]) -> Pushed:
         """PUT a placement document; the runtime validates it against its engine. Of the answer's

@@ -22,9 +22,8 @@ from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason
 from moe_operator.api.derived import Pool, pools, world_size
 from moe_operator.api.names import GROUP, PLURAL
-from moe_operator.api.types import parse_duration
 from moe_operator.autoscale import codec, signals
-from moe_operator.autoscale.decide import PoolDecision, PoolState, decide_pool, within_budget
+from moe_operator.autoscale.decide import PoolDecision, PoolPolicy, PoolState, decide_pool, within_budget
 from moe_operator.autoscale.effective import existing_instances, pool_scales
 from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
@@ -93,13 +92,14 @@ def scrape(
 
 
 def decide_all(
-    spec: MoEDeploymentSpec, status: dict[str, Any], samples: Samples, scales: dict[Pool, Scale], now: float
-) -> dict[Pool, tuple[PoolDecision, Any]]:
+    spec: MoEDeploymentSpec, policies: dict[Pool, PoolPolicy], status: dict[str, Any], samples: Samples,
+    scales: dict[Pool, Scale], now: float,
+) -> dict[Pool, tuple[PoolDecision, Any]]:  # fmt: skip
     """Each scaled pool's decision, trimmed to the budget; with the observation behind it."""
     out: dict[Pool, tuple[PoolDecision, Any]] = {}
     stored = status.get("autoscaling") or {}
     for pool, scale in scales.items():
-        policy = pool_policy(spec, pool)
+        policy = policies[pool]
         ttft_from = decode_serving(samples, scales) if pool == "prefill" else None
         obs = pool_observation(now, samples.get(pool, {}), scale.serving, policy.objectives, ttft_from)
         metrics = tuple(o.metric for o in policy.objectives)
@@ -110,7 +110,7 @@ def decide_all(
             state = PoolState(instances=scale.instances, fits=prior(policy, obs))
         state = replace(state, instances=scale.instances, fits=seeded(state.fits, policy, obs))
         out[pool] = (decide_pool(policy, state, obs), obs)
-    gpus: dict[str, int] = {p: world_size(pools(spec)[p], spec.topology) for p in out}
+    gpus: dict[str, int] = {p: policies[p].width.gpus for p in out}
     fixed = sum(p.replicas * world_size(p, spec.topology) for n, p in pools(spec).items() if n not in out)
     budget = (
         None if spec.gpu_budget is None else max(0, spec.gpu_budget - fixed)
@@ -141,17 +141,16 @@ def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int) -> b
 
 
 def act(
-    spec: MoEDeploymentSpec, pool: Pool, scale: Scale, decision: PoolDecision, pods: list[dict[str, Any]],
-    samples: Samples, router: dict[str, Any] | None, now: float,
+    spec: MoEDeploymentSpec, pool: Pool, policy: PoolPolicy, scale: Scale, decision: PoolDecision,
+    pods: list[dict[str, Any]], samples: Samples, router: dict[str, Any] | None, now: float,
 ) -> Step:  # fmt: skip
-    a = scaled_pools(spec)[pool]
-    policy = pool_policy(spec, pool)
     ready = ready_instances(spec, pods, pool)
-    drain_s = parse_duration(a.drain_timeout)
     need = None if decision.reason == "no_data" else decision.need  # no data cancels nothing
     settled = router_settled(router, pool, scale.serving)
     quiet = idle(samples.get(pool, {}))
-    return advance(scale, decision.instances, need, ready, quiet, now, policy.boot_s, drain_s, settled)
+    return advance(
+        scale, decision.instances, need, ready, quiet, now, policy.boot_s, policy.drain_timeout_s, settled
+    )
 
 
 @kopf.timer(GROUP, PLURAL, interval=TICK_S, initial_delay=TICK_S)
@@ -173,11 +172,12 @@ def autoscale_timer(
     pods = leaders(body, kwargs)
     samples = scrape(op, op.deployment(str(body.metadata.uid)), pods, spec.engine.port, namespace, name)
     scales = pool_scales(spec, status, now, existing_instances(pods))
+    policies = {pool: pool_policy(spec, pool) for pool in scales}  # once per tick: the KV model per width
     key = (namespace, name)
     router = next((d for d in kwargs["deployment_index"].get(key, []) if d["name"] == f"{name}-router"), None)
     updates: dict[str, Any] = {p: None for p in status.get("autoscaling") or {} if p not in scales}
-    for pool, (decision, obs) in decide_all(spec, status, samples, scales, now).items():
-        step = act(spec, pool, scales[pool], decision, pods, samples, router, now)
+    for pool, (decision, obs) in decide_all(spec, policies, status, samples, scales, now).items():
+        step = act(spec, pool, policies[pool], scales[pool], decision, pods, samples, router, now)
         updates[pool] = codec.write_pool(step.scale, step, decision, obs)
         op.metrics.counter(
             "moe_operator_autoscale_decisions_total", namespace, name, pool, updates[pool]["reason"]
