@@ -106,3 +106,13 @@ def test_pool_status_is_what_the_crd_allows() -> None:
     out = codec.write_pool(Scale(3, 2, NOW, NOW), Step(Scale(3, 2), "scale_out"), d, None)
     PoolAutoscalingStatus.model_validate(out)  # refused by the schema if a field is wrong
     assert len(out["message"]) <= 2048
+
+
+def test_the_model_fits_the_status_field_however_many_rates() -> None:
+    many = tuple((NOW - 3000 + i + 0.1, 999999999999.1234) for i in range(2000))
+    wide = Fit(123.456789012345, 987654.321098765, (999999.123456789, 1.23456789012345e14, 9.87654321098765e14,
+               1.23456789012345e14, 9.87654321098765e14), 123456789)  # fmt: skip
+    text = codec.write_model(PoolState(instances=1, fits={"itl": wide, "ttft": wide}, rates=many))
+    assert len(text) <= codec.MAX_MODEL_CHARS
+    back = codec.read_model(text, ("itl", "ttft"), NOW)
+    assert back is not None and back.rates and back.rates[-1] == many[-1]
