@@ -15,10 +15,11 @@ from typing import Any
 
 import httpx
 
+from moe_contract import windows_wire
 from moe_contract.pod import SIDECAR_PORT
 
 TIMEOUT_S = 3.0
-MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a full ring of DeepSeek-V3 windows is ~30 MB of JSON
+MAX_ANSWER_BYTES = windows_wire.MAX_BODY_BYTES  # a ring of 64 V3 windows: up to ~30 MB as JSON, ~5 MB binary
 MAX_STATUS_BYTES = 256 * 1024  # identity, counters and the start-up phase: a few kB
 MAX_PLACEMENT_BYTES = 2 * 1024 * 1024  # a map is L x (E + R) ints: DeepSeek-V3 ~70 kB of JSON
 MAX_METRICS_BYTES = 8 * 1024 * 1024  # SGLang's /metrics: per-rank gauges of a wide instance, a few hundred kB
@@ -64,9 +65,19 @@ class RuntimeClient:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     def windows(self, ip: str, after: int) -> dict[str, Any]:
-        """GET /v1/windows after a cursor (counts included, and the newest window's step samples)."""
+        """GET /v1/windows after a cursor (counts included, and the newest window's step samples),
+        asked for in the binary encoding (moe_contract.windows_wire: a tenth of the bytes, no JSON
+        to parse) and read as JSON from a runtime that answers JSON (one from before it)."""
         params = {"after": str(after), "counts": "true", "steps": "true"}
-        return self._get_json(ip, "/v1/windows", params, MAX_ANSWER_BYTES)
+        url = f"http://{ip}:{self._port}/v1/windows"
+        headers = {**self._headers(ip), "Accept": windows_wire.ACCEPT}
+        body, content_type = self._get(url, params, headers, MAX_ANSWER_BYTES)
+        if not windows_wire.is_encoded(content_type):
+            return _json_object(body)
+        try:
+            return windows_wire.decode(body)
+        except windows_wire.WireError as exc:
+            raise RuntimeAnswerError(f"binary answer refused: {exc}") from exc
 
     def status(self, ip: str) -> dict[str, Any]:
         """GET /v1/status: identity, engine state and start-up phase (small; read under a tight cap)."""
@@ -84,19 +95,19 @@ class RuntimeClient:
     def _get_json(self, ip: str, path: str, params: dict[str, str], max_bytes: int) -> dict[str, Any]:
         """A JSON object read under a byte cap and a deadline, else RuntimeAnswerError."""
         url = f"http://{ip}:{self._port}{path}"
-        body = self._get_bytes(url, params, self._headers(ip), max_bytes)
-        try:
-            answer = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            raise RuntimeAnswerError("answer is not JSON") from exc
-        if not isinstance(answer, dict):
-            raise RuntimeAnswerError("answer is not a JSON object")
-        return answer
+        return _json_object(self._get_bytes(url, params, self._headers(ip), max_bytes))
 
     def _get_bytes(
         self, url: str, params: dict[str, str], headers: dict[str, str], max_bytes: int
     ) -> bytearray:
         """A 200 answer's body read under a byte cap and a deadline, else RuntimeAnswerError."""
+        return self._get(url, params, headers, max_bytes)[0]
+
+    def _get(
+        self, url: str, params: dict[str, str], headers: dict[str, str], max_bytes: int
+    ) -> tuple[bytearray, str]:
+        """A 200 answer's body, read under a byte cap and a deadline, and its Content-Type; else
+        RuntimeAnswerError."""
         started = time.monotonic()
         try:
             with self._http.stream("GET", url, params=params, headers=headers) as resp:
@@ -106,9 +117,10 @@ class RuntimeClient:
                 cut = self._read(resp, body, max_bytes, started)
                 if cut:
                     raise RuntimeAnswerError(cut)
+                content_type = resp.headers.get("Content-Type", "")
         except httpx.HTTPError as exc:
             raise RuntimeAnswerError(type(exc).__name__) from exc
-        return body
+        return body, content_type
 
     def push(self, ip: str, doc: Mapping[str, Any]) -> Pushed:
         """PUT a placement document; the runtime validates it against its engine. Of the answer's
@@ -143,3 +155,14 @@ class RuntimeClient:
             if time.monotonic() - started > 4 * self._deadline_s:
                 return f"answer took longer than {4 * self._deadline_s:.0f}s"
         return None
+
+
+def _json_object(body: bytearray) -> dict[str, Any]:
+    """The body as a JSON object, else RuntimeAnswerError."""
+    try:
+        answer = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise RuntimeAnswerError("answer is not JSON") from exc
+    if not isinstance(answer, dict):
+        raise RuntimeAnswerError("answer is not a JSON object")
+    return answer

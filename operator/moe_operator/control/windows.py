@@ -46,10 +46,12 @@ class Window:
 def parse_windows(
     instance: str, answer: dict[str, Any], shape: tuple[int, int], now: float | None = None
 ) -> list[Window]:
-    """Windows of one /v1/windows answer. Dropped: another shape (other model, no counts), counts
-    that are not finite and non-negative, numbers out of range, and windows ending in the future
-    (they would stay "fresh" forever and never age out of the history). Step samples are read
-    from the newest window alone (the only one the planner uses)."""
+    """Windows of one /v1/windows answer, JSON or binary (moe_contract.windows_wire.decode gives
+    the same dictionary with arrays, judged here by the same rules). Dropped: another shape (other
+    model, no counts), counts that are not finite and non-negative, numbers out of range, and
+    windows ending in the future (they would stay "fresh" forever and never age out of the
+    history). Step samples are read from the newest window alone (the only one the planner uses).
+    The arrays kept are copies: a decoded answer's are views of its whole body."""
     now = time.time() if now is None else now
     out: list[Window] = []
     sampled: list[Any] = []  # each kept window's raw step samples
@@ -63,7 +65,8 @@ def parse_windows(
         if not isinstance(ended, int | float) or not -MAX_SEQ < ended <= now + MAX_CLOCK_SKEW_S:
             continue  # NaN fails both comparisons; an int too large for a float never reaches isfinite
         try:
-            counts = np.asarray(w.get("counts") or [], dtype=np.float64)
+            raw_counts = w.get("counts")
+            counts = np.array([] if raw_counts is None else raw_counts, dtype=np.float64)
         except (ValueError, TypeError, OverflowError):
             continue
         if counts.shape != shape or not np.all(np.isfinite(counts)) or counts.min(initial=0.0) < 0:
@@ -80,7 +83,7 @@ def parse_steps(raw: Any, counts: FloatArray) -> npt.NDArray[np.float32] | None:
     """A window's step samples, or None (the window still counts) when absent or not samples of
     it: wrong shape, more than MAX_STEP_SAMPLES, not finite and non-negative, or summing to more
     than the window holds for some expert (a pass cannot route more than its window)."""
-    if not isinstance(raw, list) or not 0 < len(raw) <= MAX_STEP_SAMPLES:
+    if not isinstance(raw, list | np.ndarray) or not 0 < len(raw) <= MAX_STEP_SAMPLES:
         return None
     try:
         steps = np.asarray(raw, dtype=np.float64)
