@@ -276,6 +276,66 @@ def test_only_the_newest_window_keeps_its_step_samples_and_they_are_sent_when_as
     asyncio.run(run())
 
 
+def test_windows_are_binary_only_when_asked_and_read_by_the_operator_as_their_json(tmp_path: Path) -> None:
+    """The runtime's own answer path (moe_contract.windows_wire) into the operator's client and
+    parse_windows: the same windows, counts and step samples as from the JSON answer."""
+    from moe_contract import windows_wire
+    from moe_operator.control.client import RuntimeClient
+    from moe_operator.control.windows import parse_windows
+
+    async def run() -> None:
+        async with sidecar(tmp_path) as (side, c):
+            rng = np.random.default_rng(11)
+            for i in range(3):
+                counts = rng.integers(2**24, 2**26, (3, 8))
+                counts[0, i] = 2**33 + i  # past uint32: the encoder widens that window
+                steps = rng.integers(0, 2**17, (5, 3, 8), dtype=np.int64) // 4 if i == 2 else None
+                record = exchange.WindowRecord(
+                    counts, 4, 10.0 * i, 10.0 * i + 10, {"num_gpus": 4}, steps=steps
+                )
+                exchange.write_window(side.opts.state_dir, record)
+
+            async def three() -> bool:
+                return bool((await c.api.get("/v1/status")).json()["windows"]["count"] == 3)
+
+            await until(three)
+            params = {"after": "0", "counts": "true", "steps": "true"}
+            plain = await c.api.get("/v1/windows", params=params)
+            assert plain.headers["Content-Type"].startswith("application/json")  # no Accept: JSON
+            assert plain.headers["Vary"] == "Accept"
+            for accept in ("application/json", "*/*", f"{windows_wire.MEDIA_TYPE};q=0"):
+                r = await c.api.get("/v1/windows", params=params, headers={"Accept": accept})
+                assert r.headers["Content-Type"].startswith("application/json"), accept
+            binary = await c.api.get("/v1/windows", params=params, headers={"Accept": windows_wire.ACCEPT})
+            assert binary.headers["Content-Type"] == windows_wire.MEDIA_TYPE
+            assert len(binary.content) < len(plain.content)  # at 3 x 8 the header is half of it
+            decoded = windows_wire.decode(binary.content)
+            assert decoded["latest_seq"] == 3 and [w["seq"] for w in decoded["windows"]] == [1, 2, 3]
+            assert [w["counts"].dtype.str for w in decoded["windows"]] == ["<u8"] * 3
+            assert decoded["windows"][2]["steps"].dtype.str == "<u2"
+            asked = {"Accept": windows_wire.MEDIA_TYPE}
+            r = await c.api.get("/v1/windows", params={"after": "2", "counts": "false"}, headers=asked)
+            bare = windows_wire.decode(r.content)["windows"]
+            assert [w["seq"] for w in bare] == [3] and "counts" not in bare[0] and "steps" not in bare[0]
+
+            ip, port = "127.0.0.1", side.ports["api"]
+            with RuntimeClient(tokens={ip: TOKEN}, port=port) as client:
+                answer = await asyncio.to_thread(client.windows, ip, 0)
+            assert isinstance(answer["windows"][0]["counts"], np.ndarray)  # the operator asked for binary
+            now = time.time()
+            got = parse_windows("a", answer, (3, 8), now=now)
+            want = parse_windows("a", plain.json(), (3, 8), now=now)
+            assert [w.seq for w in got] == [w.seq for w in want] == [1, 2, 3]
+            for g, w in zip(got, want, strict=True):
+                assert g.ended_at == w.ended_at
+                np.testing.assert_array_equal(g.counts, w.counts)
+                assert (g.steps is None) == (w.steps is None)
+            assert got[2].steps is not None and want[2].steps is not None
+            np.testing.assert_array_equal(got[2].steps, want[2].steps)
+
+    asyncio.run(run())
+
+
 def test_windows_are_scored_off_the_event_loop_so_the_probes_keep_answering(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,7 +6,9 @@ API (port ``runtime``, every route needs ``Authorization: Bearer <token>``)
                                 this runtime does not read the engine's output), layout,
                                 placement, plugin counters, load source
   GET  /v1/windows?after=&limit=&counts=&steps=   recent load windows, oldest first (steps:
-                                the newest window's step samples, when it has them)
+                                the newest window's step samples, when it has them); JSON, or
+                                the binary encoding of moe_contract.windows_wire when the
+                                request's Accept names its media type (the operator's does)
   GET  /v1/windows/latest?steps=   the newest window
   GET  /v1/placement            the held operator placement and the applied map's origin
   PUT  /v1/placement            push {version, physicalToLogicalMap, generatedAt?} (POST too)
@@ -30,6 +32,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from moe_contract import windows_wire
 from moe_runtime import __version__
 from moe_runtime.sidecar import bodies
 from moe_runtime.sidecar.auth import TokenFile
@@ -200,14 +203,20 @@ async def windows(request: web.Request) -> web.Response:
     with_counts = _flag(request, "counts", True)
     with_steps = _flag(request, "steps", False)
     items = s.windows_after(after, limit)
+    if windows_wire.accepts(request.headers.get("Accept")):
+        wire = [w.to_wire(steps=with_steps) for w in items]
+        body = windows_wire.encode(wire, s.seq, time.time(), with_counts=with_counts)
+        return web.Response(body=body, content_type=windows_wire.MEDIA_TYPE, headers={"Vary": "Accept"})
     top_k = s.layout.top_k
-    return _json(
+    resp = _json(
         {
             "windows": [w.to_json(top_k, counts=with_counts, steps=with_steps) for w in items],
             "latest_seq": s.seq,
             "now": time.time(),
         }
     )
+    resp.headers["Vary"] = "Accept"  # the same URL answers binary to who asks for it
+    return resp
 
 
 async def latest_window(request: web.Request) -> web.Response:

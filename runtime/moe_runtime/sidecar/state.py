@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from moe_contract.windows_wire import WireWindow
 from moe_placement import document
 from moe_placement.document import PlacementDoc
 from moe_placement.maps import (
@@ -87,6 +88,13 @@ class Window:
         if steps and rec.steps is not None:
             doc["steps"] = rec.steps.tolist()
         return doc
+
+    def to_wire(self, *, steps: bool = False) -> WireWindow:
+        """What the binary answer carries of it (moe_contract.windows_wire): what the operator reads."""
+        rec = self.record
+        return WireWindow(
+            self.seq, rec.started_at, rec.ended_at, rec.passes, rec.counts, rec.steps if steps else None
+        )
 
 
 @dataclass(frozen=True)
