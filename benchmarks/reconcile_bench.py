@@ -3,10 +3,14 @@
 Runs its own sandbox (236 simulated GPU nodes: 200 H100 in racks of 20, plus 2 GB200 NVL72
 cliques) and the real operator as a subprocess, and prints per round: p50/p99 seconds from
 create to the last of its children (every object the operator renders, seen through watches so
-measuring adds no polling load), and to Ready; API requests the operator sent per deployment while
-creating (and while idle); the operator's resident memory. Usage:
+measuring adds no polling load), to its first engine pod, and to Ready; API requests the operator
+sent per deployment while creating (and while idle); the operator's resident memory. Beside each
+burst (--lws, the default), the same burst as one-group LeaderWorkerSets carrying the pod template
+the operator renders, handled by the real LeaderWorkerSet controller on the same sandbox, right
+after: create -> first pod for both, and the ratio. Usage:
 
     .venv/bin/python benchmarks/reconcile_bench.py [--rounds 1,10,50] [--paced 50@2,50@4] [--concurrency 8,1]
+        [--no-lws]
 
 --rounds are bursts: all deployments created back to back, as fast as the API server admits
 them. --paced rounds create N deployments at R per second, the latency when the cluster keeps
@@ -34,6 +38,9 @@ import httpx
 import yaml
 
 from moe_operator.api import build_crd
+from moe_operator.api import keys as K
+from moe_sandbox import leaderworkerset as lws
+from moe_sandbox import toolchain
 from moe_sandbox.cluster import Ports, Sandbox, server_side_apply
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,6 +50,8 @@ pools:
   - {name: gb200, domains: 2, nodesPerDomain: 18, gpusPerNode: 4, gpuProduct: NVIDIA-GB200, gpuMemoryMiB: 189471}
 """
 MOED = "/apis/moe.inference.dev/v1alpha1"
+WARMUP = 3  # deployments (and sets) created once before measuring: both controllers start warm
+LWS_PATH = "/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ns}/leaderworkersets"
 
 
 def spec(name: str) -> dict[str, Any]:
@@ -51,6 +60,8 @@ def spec(name: str) -> dict[str, Any]:
     obj["spec"]["model"].pop("volume", None)
     obj["spec"]["model"].pop("path", None)
     obj["spec"]["router"] = {"replicas": 1}
+    # explicit, so that installing LeaderWorkerSet for the comparison changes nothing here
+    obj["spec"]["topology"]["groupBackend"] = "StatefulSet"
     return obj
 
 
@@ -103,16 +114,24 @@ CHILD_COLLECTIONS = (
     "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
     "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
 )
+PODS = "/api/v1/namespaces/{ns}/pods"
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
 
 
 class Watcher(threading.Thread):
     """Records when each object of one collection is first seen (children) or turns Ready."""
 
     def __init__(
-        self, box: Sandbox, path: str, seen: dict[tuple[str, str], float], ready: dict[str, float]
+        self,
+        box: Sandbox,
+        path: str,
+        seen: dict[tuple[str, str], float],
+        ready: dict[str, float],
+        pods: dict[str, float] | None = None,
     ) -> None:
         super().__init__(daemon=True)
         self.box, self.path, self.seen, self.ready = box, path, seen, ready
+        self.pods = pods if pods is not None else {}
         self.stop = threading.Event()
         self.started_watch = threading.Event()
 
@@ -137,18 +156,31 @@ class Watcher(threading.Thread):
 
     def record(self, obj: dict[str, Any], now: float) -> None:
         meta = obj["metadata"]
+        labels = meta.get("labels") or {}
+        if obj.get("kind") == "Pod":  # the first engine pod of a deployment (or of a LeaderWorkerSet)
+            owner = labels.get(LWS_NAME) or (labels.get(K.DEPLOYMENT) if K.POOL in labels else None)
+            if owner:
+                self.pods.setdefault(owner, now)
+            return
         if obj.get("kind") == "MoEDeployment":
             conds = (obj.get("status") or {}).get("conditions") or []
             if any(c["type"] == "Ready" and c["status"] == "True" for c in conds):
                 self.ready.setdefault(meta["name"], now)
             return
-        owner = (meta.get("labels") or {}).get("moe.inference.dev/deployment")
+        owner = labels.get(K.DEPLOYMENT)
         if owner:
             self.seen.setdefault((owner, f"{obj.get('kind')}/{meta['name']}"), now)
 
 
 def run_round(
-    box: Sandbox, api: httpx.Client, n: int, metrics_port: int, pid: int, ns: str, rate: float = 0.0
+    box: Sandbox,
+    api: httpx.Client,
+    n: int,
+    metrics_port: int,
+    pid: int,
+    ns: str,
+    rate: float = 0.0,
+    idle: bool = True,
 ) -> dict[str, Any]:
     """n deployments created back to back (rate 0: a burst, as fast as the API server admits
     them) or at `rate` per second; latencies are from each deployment's own create."""
@@ -157,8 +189,10 @@ def run_round(
         time.sleep(0.1)
     seen: dict[tuple[str, str], float] = {}
     ready: dict[str, float] = {}
+    first_pod: dict[str, float] = {}
     watchers = [Watcher(box, p.format(ns=ns), seen, ready) for p in CHILD_COLLECTIONS]
     watchers.append(Watcher(box, f"{MOED}/namespaces/{ns}/moedeployments", seen, ready))
+    watchers.append(Watcher(box, PODS.format(ns=ns), seen, ready, first_pod))
     for w in watchers:
         w.start()
         w.started_watch.wait(30)
@@ -183,10 +217,12 @@ def run_round(
     cpu_after, wall = cpu_of(pids), time.monotonic() - wall_before
     # Where the CPU went between the first create and the last Ready (2 cores in all here).
     cpu_share = {name: (cpu_after[name] - cpu_before[name]) / wall for name in pids}
-    time.sleep(15)
-    idle_before = operator_requests(metrics_port)
-    time.sleep(30)
-    idle_requests = operator_requests(metrics_port) - idle_before
+    idle_requests = float("nan")
+    if idle:
+        time.sleep(15)
+        idle_before = operator_requests(metrics_port)
+        time.sleep(30)
+        idle_requests = operator_requests(metrics_port) - idle_before
     memory = rss_mb(pid)
     for w in watchers:
         w.stop.set()
@@ -199,6 +235,7 @@ def run_round(
         counts[owner] = counts.get(owner, 0) + 1
     to_children = [last_child[k] - created[k] for k in last_child]
     to_ready = [ready[k] - created[k] for k in ready]
+    to_pod = [first_pod[k] - created[k] for k in first_pod if k in created]
     # A StatefulSet changed after creation means an instance was re-planned (and restarted).
     replanned = sum(
         1
@@ -222,10 +259,80 @@ def run_round(
         "ready_p50": statistics.median(to_ready) if to_ready else float("nan"),
         "ready_p99": pct(to_ready, 0.99) if to_ready else float("nan"),
         "ready": len(ready),
+        "pod_p50": statistics.median(to_pod) if to_pod else float("nan"),
+        "pod_p99": pct(to_pod, 0.99) if to_pod else float("nan"),
         "requests_per_deployment": create_requests / n,
         "idle_requests": idle_requests,
         "rss_mb": memory,
     }
+
+
+def leaderworkerset_template() -> dict[str, Any]:
+    """The LeaderWorkerSet the operator renders for the example (groupBackend LeaderWorkerSet): the
+    same pod template, so both controllers create the same pods. What only the operator creates
+    (its ServiceAccount, owner) is dropped; the pod runs as the namespace's default account."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as f:
+        f.write(json.dumps(spec("lws")))
+        f.flush()
+        out = subprocess.run(
+            [sys.executable, "-m", "moe_operator.cli", "render", "-f", f.name,
+             "--group-backend", "LeaderWorkerSet", "-o", "json"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    obj: dict[str, Any] = next(o for o in json.loads(out.stdout)["items"] if o["kind"] == "LeaderWorkerSet")
+    obj["metadata"] = {}
+    for template in (
+        obj["spec"]["leaderWorkerTemplate"].get(k) for k in ("leaderTemplate", "workerTemplate")
+    ):
+        if template:
+            template["spec"].pop("serviceAccountName", None)
+    return obj
+
+
+def run_lws_round(
+    box: Sandbox, api: httpx.Client, n: int, ns: str, template: dict[str, Any]
+) -> dict[str, Any]:
+    """n one-group LeaderWorkerSets created back to back; create -> first pod, per set."""
+    api.post("/api/v1/namespaces", json={"metadata": {"name": ns}})
+    while api.get(f"/api/v1/namespaces/{ns}/serviceaccounts/default").status_code != 200:
+        time.sleep(0.1)
+    first_pod: dict[str, float] = {}
+    watcher = Watcher(box, PODS.format(ns=ns), {}, {}, first_pod)
+    watcher.start()
+    watcher.started_watch.wait(30)
+    created: dict[str, float] = {}
+    first = time.monotonic()
+    for i in range(n):
+        obj = json.loads(json.dumps(template))
+        obj["metadata"] = {"name": f"m{i:03d}"}
+        api.post(f"{LWS_PATH.format(ns=ns)}", json=obj).raise_for_status()
+        created[obj["metadata"]["name"]] = time.monotonic()
+    deadline = time.monotonic() + 300
+    while len(first_pod) < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+    watcher.stop.set()
+    to_pod = [first_pod[k] - created[k] for k in first_pod if k in created]
+    api.delete(f"/api/v1/namespaces/{ns}")
+    deadline = time.monotonic() + 300
+    while api.get(f"/api/v1/namespaces/{ns}").status_code != 404 and time.monotonic() < deadline:
+        time.sleep(1)
+    return {
+        "n": n,
+        "arrival": (n - 1) / (created[f"m{n - 1:03d}"] - first) if n > 1 else float("nan"),
+        "pods": len(to_pod),
+        "pod_p50": statistics.median(to_pod) if to_pod else float("nan"),
+        "pod_p99": pct(to_pod, 0.99) if to_pod else float("nan"),
+    }
+
+
+def print_lws(r: dict[str, Any], ours: dict[str, Any]) -> None:
+    missing = "" if r["pods"] == r["n"] else f"  (only {r['pods']} of {r['n']} sets made a pod)"
+    print(
+        f"{'LWS':>4} {r['n']:>4} {r['arrival']:>9.1f} {'':>8} {'':>13} {'':>7} {r['pod_p50']:>7.2f}s "
+        f"{r['pod_p99']:>6.2f}s   (operator / LWS: p50 {ours['pod_p50'] / r['pod_p50']:.2f}x, "
+        f"p99 {ours['pod_p99'] / r['pod_p99']:.2f}x){missing}",
+        flush=True,
+    )
 
 
 def start_operator(box: Sandbox, work: Path, port_base: int, concurrency: int) -> subprocess.Popen[bytes]:
@@ -263,6 +370,14 @@ def main() -> int:
         help="extra rounds N@R: N deployments created at R per second (latency when the cluster keeps up)",
     )
     parser.add_argument("--port-base", type=int, default=25000)
+    parser.add_argument(
+        "--lws",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="right after each burst of the first --concurrency, the same burst as one-group "
+        "LeaderWorkerSets (the pod template the operator renders) under the real LWS controller, on "
+        "the same sandbox: create -> first pod side by side",
+    )
     args = parser.parse_args()
     rounds = [(int(x), 0.0) for x in args.rounds.split(",")]
     rounds += [(int(x.split("@")[0]), float(x.split("@")[1])) for x in args.paced.split(",") if x]
@@ -292,11 +407,20 @@ def main() -> int:
                 f"\nreconciler benchmark: {nodes} simulated GPU nodes, single-node Qwen3-30B-A3B deployments"
             )
             print(f"{'conc':>4} {'N':>4} {'arrival/s':>9} {'objects':>8} {'children p50':>13} {'p99':>7} "
-                  f"{'Ready p50':>10} {'p99':>7} {'ready':>6} {'replanned':>9} {'req/deploy':>11} "
-                  f"{'idle req/30s':>13} {'RSS MB':>7}")  # fmt: skip
+                  f"{'pod p50':>8} {'p99':>7} {'Ready p50':>10} {'p99':>7} {'ready':>6} {'replanned':>9} "
+                  f"{'req/deploy':>11} {'idle req/30s':>13} {'RSS MB':>7}")  # fmt: skip
+            template = None
+            if args.lws:
+                seconds = lws.install(box, log=lambda m: print(m, file=sys.stderr))
+                print(f"LeaderWorkerSet controller {toolchain.LWS_VERSION} installed in {seconds:.1f}s")
+                template = leaderworkerset_template()
+                run_lws_round(box, api, WARMUP, "bench-lws-warmup", template)
+            lws_results: dict[int, dict[str, Any]] = {}
             for concurrency in variants:
                 proc = start_operator(box, work, args.port_base, concurrency)
                 try:
+                    run_round(box, api, WARMUP, args.port_base + 1100, proc.pid, f"bench-c{concurrency}-warmup",
+                              idle=False)  # fmt: skip
                     for n, rate in rounds:
                         ns = f"bench-c{concurrency}-{n}" + (f"-at-{rate:g}".replace(".", "-") if rate else "")
                         r = run_round(box, api, n, args.port_base + 1100, proc.pid, ns, rate)
@@ -304,7 +428,8 @@ def main() -> int:
                         print(
                             f"{concurrency:>4} {n:>4} {r['arrival']:>9.1f} {r['children']:>8.0f} "
                             f"{r['children_p50']:>12.2f}s "
-                            f"{r['children_p99']:>6.2f}s {r['ready_p50']:>9.2f}s {r['ready_p99']:>6.2f}s "
+                            f"{r['children_p99']:>6.2f}s {r['pod_p50']:>7.2f}s {r['pod_p99']:>6.2f}s "
+                            f"{r['ready_p50']:>9.2f}s {r['ready_p99']:>6.2f}s "
                             f"{int(r['ready']):>6} {int(r['replanned']):>9} {r['requests_per_deployment']:>11.1f} "
                             f"{r['idle_requests']:>13.0f} {r['rss_mb']:>7.1f}",
                             flush=True,
@@ -313,6 +438,9 @@ def main() -> int:
                             f"{k} {v:.2f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1])
                         )
                         print(f"{'':>9} CPU cores used until all Ready: {cpu}", flush=True)
+                        if template is not None and not rate and concurrency == variants[0]:
+                            lws_results[n] = run_lws_round(box, api, n, f"bench-lws-{n}", template)
+                            print_lws(lws_results[n], r)
                 finally:
                     proc.terminate()
                     proc.wait(30)
@@ -327,7 +455,18 @@ def main() -> int:
                             f"  conc {concurrency} N={n:>3}{at}: children p99 {a['children_p99'] / b['children_p99']:.2f}x, "
                             f"Ready p99 {a['ready_p99'] / b['ready_p99']:.2f}x"
                         )
-            print("targets: children p99 < 1 s after apply; operator RSS < 300 MB with 50 deployments")
+            if lws_results:
+                print(f"\ncreate -> first pod, this operator (--apply-concurrency {variants[0]}) / the "
+                      "LeaderWorkerSet controller, each burst right after the other on the same sandbox:")  # fmt: skip
+                for n, r in lws_results.items():
+                    ours = results[(variants[0], n, 0.0)]
+                    print(
+                        f"  N={n:>3}: p50 {ours['pod_p50'] / r['pod_p50']:.2f}x, p99 {ours['pod_p99'] / r['pod_p99']:.2f}x"
+                    )
+            print(
+                "targets: children p99 < 1 s after apply; operator RSS < 300 MB with 50 deployments; "
+                "create -> pod p99 at most 1.5x the LeaderWorkerSet controller's"
+            )
     finally:
         box.down(log=lambda m: None, purge=True)
     return 0

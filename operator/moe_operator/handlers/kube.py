@@ -10,7 +10,6 @@ import ssl
 import threading
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -21,6 +20,8 @@ from kubernetes import config as k8s_config
 
 from moe_operator.api import keys as K
 from moe_operator.api.names import API_VERSION, KIND, PLURAL
+from moe_operator.handlers.priority_pool import PriorityPool
+from moe_operator.reconcile.children import apply_waves
 
 # (apiVersion, kind) -> (URL prefix, plural)
 _KINDS = MappingProxyType(
@@ -102,11 +103,6 @@ class KubeError(RuntimeError):
         )
 
 
-# Workloads last: their pods need the ServiceAccount and ConfigMaps to exist, or the
-# controllers that create them back off and delay readiness.
-_WORKLOAD_KINDS = frozenset({"StatefulSet", "Deployment", "LeaderWorkerSet"})
-
-
 @dataclass(frozen=True)
 class Connection:
     """Where an API server is and how to authenticate to it, for a raw httpx client."""
@@ -157,11 +153,7 @@ class Kube:
         self.requests: Counter[str] = Counter()
         self._on_request = on_request
         self._lock = threading.Lock()
-        self._apply_pool = (
-            ThreadPoolExecutor(max_workers=apply_concurrency, thread_name_prefix="apply")
-            if apply_concurrency > 1
-            else None
-        )
+        self._apply_pool = PriorityPool(apply_concurrency, "apply") if apply_concurrency > 1 else None
         self._http = httpx.Client(
             base_url=conn.host,
             verify=conn.tls,
@@ -198,23 +190,22 @@ class Kube:
         return self._check(resp)
 
     def apply_in_waves(self, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Apply objects concurrently: everything else first, then the workloads; returns them in order.
+        """Apply objects in the waves of ``apply_waves``, each wave's objects at once; returns them
+        in the order applied. The first failure is raised after its wave.
 
         A reconcile's applies are independent writes, so one deployment's children take about
-        two round trips instead of one per object (apply_concurrency=1: one by one, in order).
-        The first failure is raised after its wave.
+        three round trips instead of one per object (apply_concurrency=1: one by one, in order).
+        The pool is shared by every reconcile and serves earlier waves first: in a burst, one
+        deployment's StatefulSets go ahead of other deployments' Services, so pods start while
+        the rest is written.
         """
-        waves = (
-            [o for o in objects if o["kind"] not in _WORKLOAD_KINDS],
-            [o for o in objects if o["kind"] in _WORKLOAD_KINDS],
-        )
         applied: list[dict[str, Any]] = []
-        for wave in waves:
+        for priority, wave in enumerate(apply_waves(objects)):
             if self._apply_pool is None or len(wave) == 1:
                 for obj in wave:
                     self.apply(obj)
             else:
-                for future in [self._apply_pool.submit(self.apply, o) for o in wave]:
+                for future in [self._apply_pool.submit(priority, self.apply, o) for o in wave]:
                     future.result()
             applied += wave
         return applied
@@ -277,5 +268,5 @@ class Kube:
 
     def close(self) -> None:
         if self._apply_pool is not None:
-            self._apply_pool.shutdown(wait=True)
+            self._apply_pool.shutdown()
         self._http.close()

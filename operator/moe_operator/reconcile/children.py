@@ -40,6 +40,26 @@ class ChildChanges:
     prune: list[ChildKey] = field(default_factory=list)
 
 
+# What an engine or router pod needs before it is created: its ServiceAccount (admission refuses a
+# pod without one, and its controller backs off), its config and token, its NetworkPolicy (no pod
+# runs open, not even for a moment) and its IMEX domain. Then the workloads. Then what only
+# clients and disruptions need (Services, PodDisruptionBudgets, monitoring).
+BEFORE_PODS = frozenset(
+    {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Secret", "NetworkPolicy", "ComputeDomain"}
+)
+WORKLOADS = frozenset({"StatefulSet", "Deployment", "LeaderWorkerSet"})
+
+
+def apply_waves(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The objects in the order they are written: what pods need, the workloads, the rest (each
+    wave's objects are independent of each other). Empty waves are left out."""
+    waves: list[list[dict[str, Any]]] = [[], [], []]
+    for obj in objects:
+        kind = obj["kind"]
+        waves[0 if kind in BEFORE_PODS else 1 if kind in WORKLOADS else 2].append(obj)
+    return [w for w in waves if w]
+
+
 def child_key(obj: Mapping[str, Any]) -> ChildKey:
     return (str(obj["kind"]), str(obj["metadata"]["name"]))
 
