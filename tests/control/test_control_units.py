@@ -246,9 +246,23 @@ def test_parse_windows_refuses_hostile_answers() -> None:
 def test_history_stays_within_its_byte_bound_dropping_the_oldest() -> None:
     rng = np.random.default_rng(1)
     one = window("a", 1, 1.0, rng).counts.nbytes
-    h = History(max_bytes=3 * one)
+    h = History(max_bytes=3 * one, per_instance=one)
     h.add([window("a", s, float(s), rng) for s in range(1, 6)])
     assert [w.seq for w in h.windows] == [3, 4, 5]
+
+
+def test_history_keeps_each_instance_of_a_large_pool_and_counts_step_samples() -> None:
+    """A pool-wide bound alone would leave each of hundreds of instances a window or two."""
+    rng = np.random.default_rng(2)
+    one = window("a", 1, 1.0, rng).counts.nbytes
+    h = History(max_bytes=3 * one, per_instance=2 * one)
+    for s in range(1, 4):
+        h.add([window(f"i{k}", s, float(s), rng) for k in range(10)])
+    assert len(h.windows) == 20 and {w.seq for w in h.windows} == {2, 3}  # two each, the oldest gone
+    counts = h.windows[-1].counts
+    steps = np.stack([np.floor(counts / 2)] * 2)
+    h.add([Window("i0", 4, 4.0, counts, steps=steps)])  # samples the size of two windows' counts
+    assert sum(w.counts.nbytes + (0 if w.steps is None else w.steps.nbytes) for w in h.windows) <= 20 * one
 
 
 def test_read_stored_adopts_only_valid_bounded_documents() -> None:
@@ -294,8 +308,23 @@ def test_step_samples_are_kept_when_they_are_samples_of_their_window() -> None:
     (w,) = parse_windows(
         "a", {"windows": [{"seq": 1, "ended_at": 9.0, "counts": counts, "steps": steps}]}, (2, 2)
     )
-    assert w.steps is not None and w.steps.dtype == np.float32 and w.steps.shape == (2, 2, 2)
+    assert w.steps is not None and w.steps.dtype == np.uint16 and w.steps.shape == (2, 2, 2)
     np.testing.assert_array_equal(w.steps, steps)
+
+
+def test_step_samples_are_stored_exactly_in_the_narrowest_type() -> None:
+    def stored(value: float) -> np.ndarray | None:
+        answer = {
+            "windows": [{"seq": 1, "ended_at": 9.0, "counts": [[2**40, 2**40]], "steps": [[[value, 1]]]}]
+        }
+        (w,) = parse_windows("a", answer, (1, 2), now=10.0)
+        return w.steps
+
+    for value, dtype in ((65535, np.uint16), (65536, np.uint32), (16777219, np.uint32), (2**32, np.float32),
+                         (0.5, np.float32)):  # fmt: skip
+        got = stored(value)
+        assert got is not None and got.dtype == dtype, value
+        assert got[0, 0, 0] == np.float32(value) if dtype == np.float32 else got[0, 0, 0] == value
 
 
 def test_hostile_step_samples_are_dropped_and_their_window_still_counts() -> None:
@@ -332,7 +361,7 @@ def test_numbers_too_large_for_a_float_drop_the_window_instead_of_raising() -> N
         ]
     }
     assert [w.seq for w in parse_windows("a", answer, (1, 2), now=10.0)] == [4]
-    for value in (4e38, 16777219):  # past float32; rounds up to 16777220 in float32 (> its window)
+    for value in (4e38, 16777219.5):  # past float32; rounds up to 16777220 in float32 (> its window)
         (w,) = parse_windows("a", {"windows": [{**answer["windows"][3], "counts": [[value, 1]],
                                                 "steps": [[[value, 1]]]}]}, (1, 2), now=10.0)  # fmt: skip
         assert w.steps is None, value

@@ -13,8 +13,11 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float64]
 MAX_CLOCK_SKEW_S = 300.0  # a window may end this far ahead of the operator's clock
 MAX_SEQ = 2**53  # window numbers stay exact in JSON
-MAX_HISTORY_BYTES = 64 * 2**20  # per pool: about 500 DeepSeek-V3 windows (61 x 256 float64)
-MAX_STEP_SAMPLES = 32  # what the runtime sends (moe_runtime.eplb_hook.STEP_SAMPLES): 2 MB per instance at V3
+MAX_HISTORY_BYTES = 64 * 2**20  # per pool at least: about 500 DeepSeek-V3 windows (61 x 256 float64)
+# and per instance the pool holds windows of: 8 V3 windows (1 MB) and one set of step samples
+# (1 MB as uint16), with room; a pool of hundreds of instances keeps every one's own history
+MAX_BYTES_PER_INSTANCE = 4 * 2**20
+MAX_STEP_SAMPLES = 32  # what the runtime sends (moe_runtime.eplb_hook.STEP_SAMPLES): 1 MB per instance at V3
 
 
 def instance_of(key: str) -> str:
@@ -31,8 +34,9 @@ def newest(w: Window) -> tuple[float, int]:
 @dataclass(frozen=True)
 class Window:
     """One instance's per-expert token counts [layers, experts] over one engine rebalance period,
-    and up to MAX_STEP_SAMPLES single passes of it [k, layers, experts], oldest first (float32:
-    exact for per-pass counts, half the memory), held on each instance's newest window only
+    and up to MAX_STEP_SAMPLES single passes of it [k, layers, experts], oldest first (per-pass
+    counts are integers: kept exact as uint16, or uint32, a quarter or half of float64's memory;
+    anything else as float32), held on each instance's newest window only
     (apart from the history's byte bound: at most one set per instance)."""
 
     instance: str
@@ -40,7 +44,7 @@ class Window:
     ended_at: float
     counts: FloatArray
     restored: bool = False  # an aggregated bucket from before an operator restart: plans, never scores
-    steps: npt.NDArray[np.float32] | None = None
+    steps: npt.NDArray[Any] | None = None
 
 
 def parse_windows(
@@ -79,7 +83,7 @@ def parse_windows(
     return out
 
 
-def parse_steps(raw: Any, counts: FloatArray) -> npt.NDArray[np.float32] | None:
+def parse_steps(raw: Any, counts: FloatArray) -> npt.NDArray[Any] | None:
     """A window's step samples, or None (the window still counts) when absent or not samples of
     it: wrong shape, more than MAX_STEP_SAMPLES, not finite and non-negative, or summing to more
     than the window holds for some expert (a pass cannot route more than its window)."""
@@ -91,10 +95,24 @@ def parse_steps(raw: Any, counts: FloatArray) -> npt.NDArray[np.float32] | None:
         return None
     if steps.shape[1:] != counts.shape or not np.all(np.isfinite(steps)) or steps.min(initial=0.0) < 0:
         return None
-    kept = steps.astype(np.float32)  # checked as stored: past float32's range is inf, past any window
+    kept = compact(steps)  # checked as stored: past float32's range is inf, past any window
     if np.any(kept.sum(axis=0, dtype=np.float64) > counts):
         return None
     return kept
+
+
+def compact(steps: FloatArray) -> npt.NDArray[Any]:
+    """Finite, non-negative samples in the narrowest exact type: whole numbers up to 2^16 - 1 as
+    uint16 (today's batch sizes), up to 2^32 - 1 as uint32, anything else as float32."""
+    top = float(steps.max(initial=0.0))
+    if top < 2**32 and np.array_equal(steps, np.floor(steps)):
+        return steps.astype(np.uint16 if top < 2**16 else np.uint32)
+    with np.errstate(over="ignore"):  # past float32's range: inf, which no window holds (refused)
+        return steps.astype(np.float32)
+
+
+def _nbytes(w: Window) -> int:
+    return int(w.counts.nbytes + (0 if w.steps is None else w.steps.nbytes))
 
 
 @dataclass
@@ -103,7 +121,8 @@ class History:
 
     windows: deque[Window] = field(default_factory=deque)
     cursors: dict[str, int] = field(default_factory=dict)  # instance -> last seq seen
-    max_bytes: int = MAX_HISTORY_BYTES  # the oldest windows go first beyond this
+    max_bytes: int = MAX_HISTORY_BYTES  # the oldest windows go first beyond this, or beyond
+    per_instance: int = MAX_BYTES_PER_INSTANCE  # this times the instances held, if that is more
 
     def add(self, new: list[Window]) -> int:
         """Keep windows not seen yet (by seq per instance); returns how many were new."""
@@ -135,9 +154,13 @@ class History:
             )
 
     def _bound(self) -> None:
-        total = sum(w.counts.nbytes for w in self.windows)
-        while self.windows and total > self.max_bytes:
-            total -= self.windows.popleft().counts.nbytes
+        """Counts and step samples both count; the allowance grows with the instances held, so a
+        pool of hundreds keeps each one's own windows instead of a few of the newest."""
+        instances = len({instance_of(w.instance) for w in self.windows})
+        limit = max(self.max_bytes, instances * self.per_instance)
+        total = sum(_nbytes(w) for w in self.windows)
+        while self.windows and total > limit:
+            total -= _nbytes(self.windows.popleft())
 
     def restore(self, buckets: list[Window], cursors: dict[str, int]) -> None:
         """Seed an empty history after an operator restart (keeps anything already collected)."""
