@@ -197,12 +197,12 @@ def _read_window(buf: memoryview, offset: int, entry: Any) -> tuple[dict[str, An
         raise WireError(f"a window's shape is not two integers in [0, {MAX_DIM}]")
     doc = {k: entry.get(k) for k in ("seq", "started_at", "ended_at", "passes")}
     if entry.get("counts") is not None:
-        doc["counts"], offset = _array(buf, offset, entry["counts"], (shape[0], shape[1]))
+        doc["counts"], offset = read_array(buf, offset, entry["counts"], (shape[0], shape[1]))
     k = entry.get("steps", 0)
     if not _dim(k):
         raise WireError(f"a window's step count is not an integer in [0, {MAX_DIM}]")
     if k:
-        doc["steps"], offset = _array(buf, offset, entry.get("steps_dtype"), (k, shape[0], shape[1]))
+        doc["steps"], offset = read_array(buf, offset, entry.get("steps_dtype"), (k, shape[0], shape[1]))
     return doc, offset
 
 
@@ -210,7 +210,7 @@ def _dim(n: Any) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_DIM
 
 
-def _array(
+def read_array(
     buf: memoryview, offset: int, dtype_name: Any, shape: tuple[int, ...]
 ) -> tuple[npt.NDArray[Any], int]:
     """The array at ``offset`` (a view), once its declared size is known to be there."""

@@ -12,12 +12,51 @@ operator never plans a replica worse than its engine would on the planner's own 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .layout import as_history
+from .layout import FloatArray, as_history
 from .planner import Plan, plan
+
+
+def own_history(
+    windows: Iterable[tuple[float, object]], keys: Sequence[int], bucket_s: float, shape: tuple[int, int]
+) -> FloatArray:
+    """One instance's windows (end time, counts [L, E]) summed on the pool's time buckets [T, L, E]
+    (a window ending at t falls in bucket int(t // bucket_s); zero rows where it has none): the one
+    rule for the operator and for a runtime planning its own instance, so both plan on the same rows."""
+    index = {k: i for i, k in enumerate(keys)}
+    out: FloatArray = np.zeros((len(keys), *shape))
+    for ended_at, counts in windows:
+        i = index.get(int(ended_at // bucket_s))
+        if i is not None:
+            out[i] += np.asarray(counts, dtype=np.float64)
+    return out
+
+
+def plan_one(
+    history: object,
+    *,
+    num_gpus: int,
+    num_nodes: int = 1,
+    num_redundant: int = 0,
+    num_groups: int = 1,
+    prior: object | None = None,
+    steps: object | None = None,
+    current: np.ndarray | None = None,
+    dispatch: str = "static",
+    max_moves: int | None = None,
+    min_layer_gain: float = 0.0,
+    horizon: int | None = None,
+) -> Plan:
+    """One instance's plan, as plan_instances makes each: wherever it runs (the operator, or the
+    instance's own runtime), the same inputs give the same plan."""
+    return plan(
+        history, num_gpus=num_gpus, num_nodes=num_nodes, num_redundant=num_redundant, num_groups=num_groups,
+        current=current, dispatch=dispatch, max_moves=max_moves, min_layer_gain=min_layer_gain,
+        horizon=horizon, steps=steps, prior=prior,
+    )  # fmt: skip
 
 
 def plan_instances(
@@ -50,7 +89,7 @@ def plan_instances(
     prior = np.sum(list(own.values()), axis=0) if pool is None else as_history(pool)
     out = {}
     for name, history in own.items():
-        out[name] = plan(
+        out[name] = plan_one(
             history,
             num_gpus=num_gpus,
             num_nodes=num_nodes,

@@ -62,16 +62,8 @@ def plan(
     the moved slots over all layers and ``min_layer_gain`` is the relative predicted gain
     a layer needs before it changes at all.
     """
-    history = as_history(loads)
-    layout = make_layout(
-        history.shape[1],
-        history.shape[2],
-        num_gpus=num_gpus,
-        num_nodes=num_nodes,
-        num_redundant=num_redundant,
-        num_groups=num_groups,
-    )
-    check_dispatch(dispatch)
+    history, layout, fc = _forecast(loads, num_gpus, num_nodes, num_redundant, num_groups, dispatch, horizon,
+                                    steps, prior)  # fmt: skip
     cur = None if current is None else check_placement(current, layout)
     if max_moves is not None and (
         isinstance(max_moves, bool) or int(max_moves) != max_moves or max_moves < 0
@@ -79,12 +71,6 @@ def plan(
         raise ValueError(f"max_moves must be a non-negative integer or None, got {max_moves!r}")
     if not np.isfinite(min_layer_gain) or min_layer_gain < 0:
         raise ValueError(f"min_layer_gain must be >= 0, got {min_layer_gain!r}")
-    if horizon is not None and (isinstance(horizon, bool) or int(horizon) != horizon or horizon < 1):
-        raise ValueError(f"horizon must be a positive integer or None, got {horizon!r}")
-    samples = None if steps is None else check_steps(steps, history.shape[1:])
-    pool = None if prior is None else check_prior(prior, history.shape)
-    weight = error_weight(history if pool is None else pool, layout)
-    fc = forecast(history, horizon=horizon, steps=samples, weight=weight, prior=pool)
     phy2log, _ = choose_fresh(fc, history[-1], layout, dispatch)
     if cur is None:
         changed = np.ones(layout.num_layers, dtype=bool)
@@ -98,6 +84,56 @@ def plan(
         moved = gpu_moves(cur, phy2log, layout.num_gpus)
     predicted = balancedness(phy2log, fc.mean, num_gpus, dispatch, num_nodes=num_nodes)
     return Plan(phy2log.astype(np.int64), predicted, moved, changed, fc.rule)
+
+
+def rescore(
+    loads: object,
+    proposal: object,
+    *,
+    num_gpus: int,
+    num_nodes: int = 1,
+    num_redundant: int = 0,
+    num_groups: int = 1,
+    current: np.ndarray | None = None,
+    dispatch: str = "static",
+    horizon: int | None = None,
+    steps: object | None = None,
+    prior: object | None = None,
+) -> Plan:
+    """A map planned elsewhere (by an instance's own runtime), scored as ``plan`` scores its own:
+    on the forecast the same inputs give, with the moves counted from ``current``. Nothing of the
+    proposer's is believed but the map; ValueError when it is not a map of this layout."""
+    _, layout, fc = _forecast(loads, num_gpus, num_nodes, num_redundant, num_groups, dispatch, horizon,
+                              steps, prior)  # fmt: skip
+    phy2log = check_placement(proposal, layout)
+    cur = None if current is None else check_placement(current, layout)
+    changed = np.ones(layout.num_layers, dtype=bool) if cur is None else np.any(phy2log != cur, axis=1)
+    moved = 0 if cur is None else gpu_moves(cur, phy2log, layout.num_gpus)
+    predicted = balancedness(phy2log, fc.mean, num_gpus, dispatch, num_nodes=num_nodes)
+    return Plan(phy2log.astype(np.int64), predicted, moved, changed, fc.rule)
+
+
+def _forecast(
+    loads: object, num_gpus: int, num_nodes: int, num_redundant: int, num_groups: int, dispatch: str,
+    horizon: int | None, steps: object | None, prior: object | None,
+) -> tuple[FloatArray, Layout, Forecast]:  # fmt: skip
+    """The checked history, its layout and the forecast a plan is made and scored on."""
+    history = as_history(loads)
+    layout = make_layout(
+        history.shape[1],
+        history.shape[2],
+        num_gpus=num_gpus,
+        num_nodes=num_nodes,
+        num_redundant=num_redundant,
+        num_groups=num_groups,
+    )
+    check_dispatch(dispatch)
+    if horizon is not None and (isinstance(horizon, bool) or int(horizon) != horizon or horizon < 1):
+        raise ValueError(f"horizon must be a positive integer or None, got {horizon!r}")
+    samples = None if steps is None else check_steps(steps, history.shape[1:])
+    pool = None if prior is None else check_prior(prior, history.shape)
+    weight = error_weight(history if pool is None else pool, layout)
+    return history, layout, forecast(history, horizon=horizon, steps=samples, weight=weight, prior=pool)
 
 
 def error_weight(history: FloatArray, layout: Layout) -> FloatArray:
