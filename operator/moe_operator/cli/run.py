@@ -82,6 +82,14 @@ def register(subparsers: Any) -> None:
     add_platform_flags(p)
     add_network_flags(p)
     p.add_argument(
+        "--planning",
+        choices=["operator", "runtimes"],
+        default="operator",
+        help="where each engine instance's expert placement is planned (eplb mode operator): in the "
+        "operator's process, or by the instance's own runtime, the operator checking and scoring each "
+        "proposal itself (an instance whose runtime does not answer one is planned here); docs/scale.md",
+    )
+    p.add_argument(
         "--apply-concurrency",
         type=int,
         default=8,
@@ -210,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
         metrics=metrics,
         wakeups=Wakeups(reconcile.RECONCILE_INTERVAL_S),
         platform=platform_policy(args),
+        planning=args.planning,
     )
     if args.metrics_port:
         start_http_server(args.metrics_port, addr="0.0.0.0", registry=metrics.registry)

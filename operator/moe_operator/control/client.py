@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from moe_contract import windows_wire
+from moe_contract import plan_wire, windows_wire
 from moe_contract.pod import SIDECAR_PORT
 
 TIMEOUT_S = 3.0
@@ -137,6 +137,27 @@ class RuntimeClient:
             return Pushed("unreachable", type(exc).__name__)
         result = f"http_{status}" if status in PUSH_STATUSES else "http_other"
         return Pushed(result, f"HTTP {status} {reason[:120]}")
+
+    def request_plan(self, ip: str, body: bytes) -> Pushed:
+        """PUT a plan request (moe_contract.plan_wire) for the runtime to plan its own instance;
+        http_404/http_405: a runtime from before it (the operator plans that instance itself)."""
+        started = time.monotonic()
+        url = f"http://{ip}:{self._port}/v1/plan"
+        headers = {**self._headers(ip), "Content-Type": plan_wire.MEDIA_TYPE}
+        try:
+            with self._http.stream("PUT", url, content=body, headers=headers) as resp:
+                status = resp.status_code
+                if status in (200, 202):
+                    return Pushed("ok", None)
+                reason = self._refusal(resp, started)
+        except httpx.HTTPError as exc:
+            return Pushed("unreachable", type(exc).__name__)
+        result = f"http_{status}" if status in PUSH_STATUSES else "http_other"
+        return Pushed(result, f"HTTP {status} {reason[:120]}")
+
+    def proposal(self, ip: str) -> dict[str, Any]:
+        """GET /v1/plan: the runtime's latest plan (its request id, state, map); checked by the caller."""
+        return self._get_json(ip, "/v1/plan", {}, MAX_PLACEMENT_BYTES)
 
     def _refusal(self, resp: httpx.Response, started: float) -> str:
         """The first MAX_REFUSAL_BYTES of a refusal, or what arrived of them before the deadline."""

@@ -22,11 +22,13 @@ from typing import Any
 
 import numpy as np
 
+from moe_contract import plan_wire
 from moe_operator.control import aggregate, score
 from moe_operator.control.decide import Decision, Inputs, decide
 from moe_operator.control.evaluate import NoFreshWindows, Policy, PoolShape, UnsafePlan
 from moe_operator.control.windows import FloatArray, Window, instance_of, newest
 from moe_placement import document, plan, plan_instances
+from moe_placement.planner import rescore
 
 MAX_STATUS_INSTANCES = 32  # status.placement.<pool>.instances and the provenance annotation
 
@@ -159,6 +161,33 @@ def newest_fresh(windows: Sequence[Window], fresh_after: float) -> dict[str, Win
     return found
 
 
+def plan_requests(
+    windows: Sequence[Window],
+    currents: Mapping[str, np.ndarray],
+    shape: PoolShape,
+    policy: Policy,
+    fresh_after: float,
+    request: str,
+) -> dict[str, plan_wire.PlanRequest]:
+    """For planning in the runtimes: what each instance with a fresh window needs from the
+    operator (the pool's buckets and their sums as the prior, the map it runs, the shape and the
+    move cap); its own windows and step samples the runtime holds itself."""
+    fresh = [n for n in newest_fresh(windows, fresh_after) if n in currents]
+    if not fresh:
+        return {}
+    keys, pool = aggregate.bucketed(windows, policy.bucket_s)
+
+    def request_of(n: str) -> plan_wire.PlanRequest:
+        return plan_wire.PlanRequest(
+            request=request, bucket_s=policy.bucket_s, keys=tuple(keys), fresh_after=fresh_after,
+            num_gpus=shape.num_gpus, num_nodes=shape.num_nodes, num_redundant=shape.num_redundant,
+            num_groups=shape.num_groups, dispatch=shape.dispatch, max_moves=policy.max_moves or None,
+            prior=pool, current=np.asarray(currents[n], dtype=np.int64),
+        )  # fmt: skip
+
+    return {n: request_of(n) for n in fresh}
+
+
 def evaluate_instances(
     windows: Sequence[Window],
     currents: Mapping[str, np.ndarray],
@@ -167,21 +196,35 @@ def evaluate_instances(
     policy: Policy,
     since_change: Mapping[str, float | None],
     fresh_after: float,
+    proposals: Mapping[str, np.ndarray] | None = None,
 ) -> PoolEvaluation:
     """Plan every instance in ``currents`` that reported a fresh window, decide each on its own
-    numbers, and plan the pool (from the live map) when any of them publishes.
+    numbers, and plan the pool (from the live map) when any of them publishes. ``proposals``: maps
+    the instances' own runtimes planned; each is checked and scored here on the operator's own
+    windows exactly as the operator's plan would be (one it cannot use is planned here instead).
 
     Raises NoFreshWindows (no instance to plan), UnsafePlan or ValueError (bad input)."""
     fresh = {n: w for n, w in newest_fresh(windows, fresh_after).items() if n in currents}
     if not fresh:
         raise NoFreshWindows("no fresh load windows from any instance")
     keys, pool, own = histories(windows, sorted(fresh), policy.bucket_s)
-    plans = plan_instances(
-        own, num_gpus=shape.num_gpus, num_nodes=shape.num_nodes, num_redundant=shape.num_redundant,
-        num_groups=shape.num_groups, pool=pool, currents={n: currents[n] for n in fresh},
-        steps={n: w.steps for n, w in fresh.items()}, dispatch=shape.dispatch,
-        max_moves=policy.max_moves or None,
-    )  # fmt: skip
+    kw: dict[str, Any] = {
+        "num_gpus": shape.num_gpus, "num_nodes": shape.num_nodes, "num_redundant": shape.num_redundant,
+        "num_groups": shape.num_groups, "dispatch": shape.dispatch,
+    }  # fmt: skip
+    plans: dict[str, Any] = {}
+    for n, proposal in (proposals or {}).items():
+        checked = (
+            _checked(proposal, own[n], pool, fresh[n], currents[n], shape, policy, kw) if n in fresh else None
+        )
+        if checked is not None:
+            plans[n] = checked
+    rest = {n: own[n] for n in fresh if n not in plans}
+    if rest:
+        plans |= plan_instances(
+            rest, **kw, pool=pool, currents={n: currents[n] for n in rest},
+            steps={n: fresh[n].steps for n in rest}, max_moves=policy.max_moves or None,
+        )  # fmt: skip
     results = {
         n: _result(n, fresh[n], currents[n], plans[n], shape, policy, since_change.get(n)) for n in fresh
     }
@@ -193,6 +236,21 @@ def evaluate_instances(
     if not out.publish:
         return out
     return replace(out, pool_candidate=_pool_plan(pool, live, shape, policy))
+
+
+def _checked(
+    proposal: np.ndarray, own: FloatArray, pool: FloatArray, newest: Window, current: np.ndarray,
+    shape: PoolShape, policy: Policy, kw: dict[str, Any],
+) -> Any:  # fmt: skip
+    """A runtime's map scored as the operator's own plan would be, or None when it is not a safe
+    map of this pool or moves past the cap (the operator then plans that instance itself)."""
+    if shape.problems(proposal):
+        return None
+    try:
+        scored = rescore(own, proposal, prior=pool, steps=newest.steps, current=current, **kw)
+    except (ValueError, TypeError, IndexError):
+        return None
+    return None if policy.max_moves and scored.moved_slots > policy.max_moves else scored
 
 
 def _result(

@@ -40,6 +40,7 @@ from moe_operator.control.instances import (
     current_of,
     evaluate_instances,
     next_version,
+    plan_requests,
     provenance,
     push_version,
     read_held,
@@ -55,6 +56,7 @@ from moe_operator.control.publish import (
 )
 from moe_operator.control.windows import parse_windows
 from moe_operator.handlers.kube import KubeError
+from moe_operator.handlers.runtime_planning import gather_proposals, planned_here
 from moe_operator.handlers.runtime_tokens import leader_tokens
 from moe_operator.handlers.state import InstanceMemo, OperatorState, PoolState, operator_of
 from moe_operator.reconcile.observe import trusted_pods
@@ -97,8 +99,9 @@ class Tick:
     def labels(self) -> tuple[str, str, str]:
         return (self.owner.namespace, self.owner.name, self.pool)
 
-    def count(self, metric: str, *extra: str) -> None:
-        self.op.metrics.counter(metric, *self.labels, *extra).inc()
+    def count(self, metric: str, *extra: str, amount: int = 1) -> None:
+        if amount:
+            self.op.metrics.counter(metric, *self.labels, *extra).inc(amount)
 
     def event(self, reason: Reason, message: str) -> None:
         kopf.event(self.body, type="Normal", reason=reason, message=message)
@@ -393,9 +396,12 @@ def per_instance(
     live = live_map(t)
     currents = {n: current_of(h, live, s.version)[0] for n, h in held.items()}
     s.instances = {str(p["name"]): s.instances.get(str(p["name"])) or InstanceMemo() for p in leaders}
+    fresh_after = t.now - 2 * refresh
+    proposals = runtime_proposals(t, policy, client, leaders, currents, fresh_after)
+    note += planned_here(proposals[1])
     try:
         ev = evaluate_instances(list(s.history.windows), currents, live, shape, policy,
-                                {n: since_change(t, n) for n in held}, t.now - 2 * refresh)  # fmt: skip
+                                {n: since_change(t, n) for n in held}, fresh_after, proposals[0])  # fmt: skip
     except (ValueError, IndexError) as exc:
         reason = "no_windows" if isinstance(exc, NoFreshWindows) else "planner_error"
         t.count("moe_operator_placement_skips_total", reason)
@@ -406,6 +412,21 @@ def per_instance(
     out["message"] = (out.get("message", head_of(ev)) + note + pushed + ": " + ev.details())[:1024]
     out["instances"] = instance_status(t)
     return out
+
+
+def runtime_proposals(
+    t: Tick, policy: Policy, client: RuntimeClient, leaders: list[dict[str, Any]],
+    currents: dict[str, np.ndarray], fresh_after: float,
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:  # fmt: skip
+    """With --planning runtimes: the maps the instances' runtimes propose, and why the others did not."""
+    if t.op.planning != "runtimes" or not client.has_token:
+        return {}, {}
+    request = f"v{t.state.version}-{int(t.now * 1000)}"
+    requests = plan_requests(list(t.state.history.windows), currents, t.shape, policy, fresh_after, request)
+    proposals, missing = gather_proposals(client, leaders, requests)
+    t.count("moe_operator_runtime_plans_total", "proposed", amount=len(proposals))
+    t.count("moe_operator_runtime_plans_total", "missing", amount=len(missing))
+    return proposals, missing
 
 
 def head_of(ev: PoolEvaluation) -> str:

@@ -41,6 +41,13 @@ METRICS: tuple[MetricDef, ...] = (
     ),
     MetricDef("moe_operator_placement_skips_total", "counter", "Evaluations that published nothing", (*POOL_LABELS, "reason")),
     MetricDef(
+        "moe_operator_runtime_plans_total", "counter",
+        "With --planning runtimes: instances whose own runtime proposed the map the operator then checked and "
+        "scored (proposed), or that the operator planned itself (missing: an older runtime, a failure, a timeout, "
+        "a refused answer)",
+        (*POOL_LABELS, "result"),
+    ),
+    MetricDef(
         "moe_operator_placement_pushes_total", "counter",
         "Placement pushes to runtimes (mode operator: each instance its own map), by result: ok, unreachable, "
         "http_<status> for a status a sidecar gives, else http_other",
