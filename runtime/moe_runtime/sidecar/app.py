@@ -12,13 +12,21 @@ API (port ``runtime``, every route needs ``Authorization: Bearer <token>``)
   GET  /v1/windows/latest?steps=   the newest window
   GET  /v1/placement            the held operator placement and the applied map's origin
   PUT  /v1/placement            push {version, physicalToLogicalMap, generatedAt?} (POST too)
+  PUT  /v1/plan                 plan this instance: a moe_contract.plan_wire request (binary,
+                                at most plan_wire.MAX_REQUEST_BYTES, its own cap); 202 queued,
+                                400 malformed, 413 too large, 415 wrong media type, 422 a
+                                shape this runtime's engine does not have (planning.py)
+  GET  /v1/plan?request=        the proposal of a request (default: the newest one):
+                                {request, state, seconds, message, physical_to_logical_map,
+                                newest_seq}; the operator checks and scores the map itself
 Probes (port ``probes``, no token): GET /healthz (the event loop runs), GET /readyz (the engine
   rank of this pod answers its health check and the pod is not draining)
 Metrics (port ``metrics``, no token): GET /metrics
 
 The API listener serves /v1/* only: the operator's pod template probes the probe port and its
 PodMonitors scrape the metrics port. Only the replay engine's ``--reads open`` (tests that read
-without a token) leaves the API's GET routes open (``open_reads``); `launch` never does.
+without a token) leaves the API's GET routes open (``open_reads``); `launch` never does. Writes
+(PUT /v1/placement, PUT /v1/plan) need the token always.
 """
 
 from __future__ import annotations
@@ -32,12 +40,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from moe_contract import windows_wire
+from moe_contract import plan_wire, windows_wire
 from moe_runtime import __version__
 from moe_runtime.sidecar import bodies
 from moe_runtime.sidecar.auth import TokenFile
 from moe_runtime.sidecar.listener import Limits, one_request_per_connection
 from moe_runtime.sidecar.metrics import RuntimeMetrics
+from moe_runtime.sidecar.planning import PlanWorker, layout_mismatch
 from moe_runtime.sidecar.state import PushRejected, SidecarState
 
 MAX_BODY = Limits().max_body
@@ -67,6 +76,7 @@ TOKEN_KEY = web.AppKey("token", TokenFile)
 IDENTITY_KEY = web.AppKey("identity", Identity)
 POLICY_KEY = web.AppKey("policy", ApiPolicy)
 EXTRA_STATUS_KEY = web.AppKey("extra_status", dict[str, Any])
+PLANS_KEY = web.AppKey("plans", PlanWorker)
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -255,6 +265,51 @@ async def put_placement(request: web.Request) -> web.Response:
     return _json({"result": outcome, "version": doc.version, "generated_at": doc.generated_at})
 
 
+async def read_plan(request: web.Request) -> plan_wire.PlanRequest:
+    """The body as a plan request, read under the route's own cap (a DeepSeek-V3 request is
+    1-4 MB, past the 1 MiB of placements); raises bodies.BadBody (counted)."""
+    m = request.app[METRICS_KEY]
+    try:
+        if request.headers.get("Content-Type") and request.content_type != plan_wire.MEDIA_TYPE:
+            raise bodies.BadBody(415, f"Content-Type must be {plan_wire.MEDIA_TYPE}")
+        raw = await bodies.read(request, plan_wire.MAX_REQUEST_BYTES)
+        try:
+            return plan_wire.decode(raw)
+        except windows_wire.WireError as exc:
+            raise bodies.BadBody(400, f"not a plan request: {exc}") from exc
+    except bodies.BadBody as exc:
+        m.refused.labels("too_large" if exc.status == 413 else "bad_body").inc()
+        m.plans.labels("rejected").inc()
+        raise
+
+
+async def put_plan(request: web.Request) -> web.Response:
+    try:
+        req = await read_plan(request)
+    except bodies.BadBody as exc:
+        return _error(exc.status, str(exc))
+    mismatch = layout_mismatch(req, request.app[STATE_KEY].layout)
+    if mismatch is not None:
+        request.app[METRICS_KEY].plans.labels("rejected").inc()
+        return _error(422, mismatch)
+    proposal = request.app[PLANS_KEY].submit(req)
+    return _json({"request": proposal["request"], "state": proposal["state"]}, 202)
+
+
+async def get_plan(request: web.Request) -> web.Response:
+    name = request.query.get("request")
+    if name is not None and not plan_wire.REQUEST_ID.fullmatch(name):
+        return _error(400, "request is not an id of 1-128 letters, digits and ._:-")
+    proposal = request.app[PLANS_KEY].proposal(name)
+    if proposal is None:
+        return _error(404, f"no proposal kept for request {name}")
+    return _json(proposal)
+
+
+async def _close_plans(app: web.Application) -> None:
+    app[PLANS_KEY].close()
+
+
 # ---------------------------------------------------------------- the three apps
 
 
@@ -277,12 +332,16 @@ def api_app(
     app[IDENTITY_KEY] = Identity(identity)
     app[POLICY_KEY] = policy or ApiPolicy()
     app[EXTRA_STATUS_KEY] = {}
+    app[PLANS_KEY] = PlanWorker(state, metrics_)
+    app.on_cleanup.append(_close_plans)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/windows", windows)
     app.router.add_get("/v1/windows/latest", latest_window)
     app.router.add_get("/v1/placement", get_placement)
     app.router.add_put("/v1/placement", put_placement)
     app.router.add_post("/v1/placement", put_placement)
+    app.router.add_put("/v1/plan", put_plan)
+    app.router.add_get("/v1/plan", get_plan)
     return app
 
 

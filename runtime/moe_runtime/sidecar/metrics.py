@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -25,6 +25,10 @@ SIDECAR_ERROR_STAGES = ("ingest", "plugin-files", "plugin-status", "recorder")
 SOURCES = ("operator", "planner", "original", "init", "trivial")
 REFUSALS = ("unauthorized", "too_large", "bad_body")
 LISTENERS = ("api", "probes", "metrics")
+# PUT /v1/plan: planned, failed (no fresh window, the planner refused), replaced by a newer
+# request before it started, rejected before it was queued (body, shape)
+PLAN_RESULTS = ("done", "failed", "replaced", "rejected")
+PLAN_SECONDS_BUCKETS = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class RuntimeMetrics:
@@ -82,6 +86,17 @@ class RuntimeMetrics:
             ["result"],
             registry=r,
         )
+        self.plans = Counter(
+            P + "plans", "Plan requests of the operator (PUT /v1/plan), by result.", ["result"], registry=r
+        )
+        self.plan_seconds = Histogram(
+            P + "plan_seconds",
+            "Wall time of the plans this runtime made for its own instance.",
+            buckets=PLAN_SECONDS_BUCKETS,
+            registry=r,
+        )
+        for result in PLAN_RESULTS:
+            self.plans.labels(result)
         for result in ("accepted", "refreshed", "rejected", "unauthorized"):
             self.pushes.labels(result)
         for reason in REFUSALS:
