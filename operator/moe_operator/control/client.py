@@ -155,9 +155,9 @@ class RuntimeClient:
         result = f"http_{status}" if status in PUSH_STATUSES else "http_other"
         return Pushed(result, f"HTTP {status} {reason[:120]}")
 
-    def proposal(self, ip: str) -> dict[str, Any]:
-        """GET /v1/plan: the runtime's latest plan (its request id, state, map); checked by the caller."""
-        return self._get_json(ip, "/v1/plan", {}, MAX_PLACEMENT_BYTES)
+    def proposal(self, ip: str, request: str) -> dict[str, Any]:
+        """GET /v1/plan?request=: that request's plan (its id, state, map); checked by the caller."""
+        return self._get_json(ip, "/v1/plan", {"request": request}, MAX_PLACEMENT_BYTES)
 
     def _refusal(self, resp: httpx.Response, started: float) -> str:
         """The first MAX_REFUSAL_BYTES of a refusal, or what arrived of them before the deadline."""

@@ -41,9 +41,8 @@ def gather_proposals(
         deadline = time.monotonic() + wait_s
         while pending and time.monotonic() < deadline:
             time.sleep(POLL_S)
-            answers = dict(
-                zip(pending, pool.map(lambda n: _answer(client, pending[n]), pending), strict=True)
-            )
+            asked = pool.map(lambda n: _answer(client, pending[n], requests[n].request), pending)
+            answers = dict(zip(pending, asked, strict=True))
             for name, answer in answers.items():
                 state, value = read_proposal(answer, requests[name].request)
                 if state == "done" and isinstance(value, np.ndarray):
@@ -64,9 +63,9 @@ def planned_here(missing: dict[str, str]) -> str:
     return f"; planned here for {len(missing)} instance(s) without a runtime proposal ({name}: {why})"
 
 
-def _answer(client: RuntimeClient, ip: str) -> dict[str, Any] | str:
+def _answer(client: RuntimeClient, ip: str, request: str) -> dict[str, Any] | str:
     try:
-        return client.proposal(ip)
+        return client.proposal(ip, request)
     except RuntimeAnswerError as exc:
         return str(exc)
 
