@@ -301,3 +301,41 @@ def test_the_request_is_checked_against_the_layout_the_first_window_taught(tmp_p
             assert r.status_code == 422 and r.json()["error"].startswith("num_layers:")
 
     asyncio.run(run())
+
+
+def test_the_operator_gets_the_runtimes_plan_and_decides_as_if_it_had_planned_itself(tmp_path: Path) -> None:
+    """End to end over HTTP, with the operator's own code on both ends: it collects the windows,
+    sends the plan request (control.instances.plan_requests), gathers the proposal
+    (handlers.runtime_planning) and evaluates it: the same decision as its own plan."""
+    from moe_operator.control.client import RuntimeClient
+    from moe_operator.control.evaluate import Policy, PoolShape
+    from moe_operator.control.instances import evaluate_instances, plan_requests
+    from moe_operator.control.windows import History, parse_windows
+    from moe_operator.handlers.runtime_planning import gather_proposals
+
+    shape = PoolShape(3, 8, 4, 4, 2, 1, "static")
+    policy = Policy("operator", 0.0, 6, 0.0, BUCKET_S)
+    live = trivial_map(3, 8, 12)
+    history = History()
+
+    async def run() -> tuple[dict[str, Any], dict[str, str]]:
+        async with sidecar(tmp_path) as (side, c):
+            await with_windows(side, c, records())
+            ip, port = "127.0.0.1", side.ports["api"]
+            with RuntimeClient(tokens={ip: TOKEN}, port=port) as client:
+                answer = await asyncio.to_thread(client.windows, ip, 0)
+                history.add(parse_windows("leader-0/uid", answer, (3, 8), now=70.0))
+                requests = plan_requests(
+                    list(history.windows), {"leader-0": live}, shape, policy, 55.0, "v1-7"
+                )
+                leaders = [{"name": "leader-0", "ip": ip}]
+                return await asyncio.to_thread(gather_proposals, client, leaders, requests, 60.0)
+
+    proposals, missing = asyncio.run(run())
+    assert missing == {} and list(proposals) == ["leader-0"]
+    args = (list(history.windows), {"leader-0": live}, live, shape, policy, {"leader-0": None}, 55.0)
+    theirs, ours = evaluate_instances(*args, proposals), evaluate_instances(*args)
+    r, o = theirs.results["leader-0"], ours.results["leader-0"]
+    np.testing.assert_array_equal(r.candidate, o.candidate)
+    assert (r.predicted, r.moved, r.decision) == (o.predicted, o.moved, o.decision)
+    assert r.moved > 0
