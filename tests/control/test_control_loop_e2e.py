@@ -114,6 +114,13 @@ def test_control_loop_balances_each_instance(
         m = re.search(pattern, text, re.M)
         return int(float(m.group(1))) if m else 0
 
+    def runtime_plans(result: str) -> int:
+        """Instances whose own runtime proposed the map (the default --planning runtimes)."""
+        text = httpx.get(f"http://127.0.0.1:{moe_operator.metrics_port}/metrics", timeout=5).text
+        pattern = rf'^moe_operator_runtime_plans_total\{{[^}}]*deployment="{name}"[^}}]*result="{result}"[^}}]*\}} (\S+)$'
+        m = re.search(pattern, text, re.M)
+        return int(float(m.group(1))) if m else 0
+
     def instance(i: int) -> dict[str, Any]:
         """status.placement.decode.instances' entry of runtime i (its leader pod)."""
         rows = placement().get("instances") or []
@@ -162,6 +169,7 @@ def test_control_loop_balances_each_instance(
         # Within 3 refreshes of the first windows (+1 that may have found none, +1 in flight).
         within(5, balanced, "balancedness near the prediction")
         assert evaluations() >= 2, "the operator's evaluation count is not readable"
+        assert runtime_plans("proposed") >= 1, "no runtime planned its own instance (--planning runtimes)"
         before = placement()
 
         # The traffic shifts (hot experts move) on runtime 1 only: its placement stops fitting (its

@@ -83,11 +83,11 @@ def register(subparsers: Any) -> None:
     add_network_flags(p)
     p.add_argument(
         "--planning",
-        choices=["operator", "runtimes"],
-        default="operator",
-        help="where each engine instance's expert placement is planned (eplb mode operator): in the "
-        "operator's process, or by the instance's own runtime, the operator checking and scoring each "
-        "proposal itself (an instance whose runtime does not answer one is planned here); docs/scale.md",
+        choices=["runtimes", "operator"],
+        default="runtimes",
+        help="where each engine instance's expert placement is planned (eplb mode operator): by the "
+        "instance's own runtime, the operator checking and scoring each proposal itself (an instance "
+        "whose runtime does not propose is planned here), or all in the operator's process; docs/scale.md",
     )
     p.add_argument(
         "--apply-concurrency",

@@ -97,7 +97,7 @@ class OperatorState:
     # kopf watches only what discovery listed then, so only these can be used until a restart
     watched_kinds: frozenset[str] = frozenset()
     executor: Executor | None = None
-    planning: str = "operator"  # or "runtimes": each instance's runtime plans it (docs/scale.md)
+    planning: str = "runtimes"  # each instance's runtime plans it, or "operator" (docs/scale.md)
     plan_lock: threading.Lock = field(default_factory=threading.Lock)  # one topology plan at a time
     _deployments: dict[str, DeploymentState] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
