@@ -132,6 +132,14 @@ class FakeClient:
         except control_loop.RuntimeAnswerError:
             return Pushed("unreachable", "ConnectError")
 
+    def request_plan(self, ip: str, body: bytes) -> Pushed:
+        """Runtimes from before runtime planning: the operator plans every instance itself."""
+        try:
+            self._up(ip)
+        except control_loop.RuntimeAnswerError:
+            return Pushed("unreachable", "ConnectError")
+        return Pushed("http_404", "HTTP 404 Not Found")
+
 
 class Loop:
     """The pool's evaluations, one refreshInterval apart, status carried between them."""

@@ -402,3 +402,26 @@ def test_history_keeps_step_samples_on_each_instances_newest_window_only() -> No
     assert held == {("a", 1): False, ("b", 1): True, ("a", 2): True, ("b", 2): False}
     h.add([sampled("b/new-uid", 1, 30)])  # b's leader restarted: its old samples go
     assert [(w.instance, w.seq) for w in h.windows if w.steps is not None] == [("a", 2), ("b/new-uid", 1)]
+
+
+def test_one_runtimes_flood_of_windows_cannot_push_the_other_instances_out() -> None:
+    """The hostile probe's case: 3 instances x 9 windows, then one answer of 1024 windows from a
+    fourth. Each instance past its share loses its own oldest first; an answer keeps its newest 64."""
+    rng = np.random.default_rng(4)
+    one = window("a", 1, 1.0, rng).counts.nbytes
+    h = History(max_bytes=40 * one, per_instance=12 * one)
+    for s in range(1, 10):
+        h.add([window(f"honest-{k}/u", s, float(s), rng) for k in range(3)])
+    flood = {"windows": [{"seq": s, "ended_at": 100.0 + s / 100, "counts": window("x", s, 0.0, rng).counts.tolist()}
+                         for s in range(1, 1025)]}  # fmt: skip
+    got = parse_windows("hostile-0/u", flood, (L, E), now=200.0)
+    assert [w.seq for w in got] == list(range(961, 1025))  # the newest 64
+    h.add(got)
+    per = {
+        k: sum(w.instance.startswith(k) for w in h.windows)
+        for k in ("honest-0", "honest-1", "honest-2", "hostile")
+    }
+    assert per["honest-0"] == per["honest-1"] == per["honest-2"] == 9
+    assert (
+        per["hostile"] == max(40, 4 * 12) - 27 and h.windows[-1].seq == 1024
+    )  # the rest of the bound: its newest

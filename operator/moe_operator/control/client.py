@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +47,13 @@ class RuntimeClient:
     def __init__(
         self, tokens: Mapping[str, str] | None = None, timeout_s: float = TIMEOUT_S, port: int = SIDECAR_PORT
     ) -> None:
-        self._http = httpx.Client(timeout=timeout_s)
+        # a new connection per request (the runtime closes each anyway), so every exchange has its
+        # own socket for its deadline; nothing decoded: a compressed answer is refused, not inflated
+        self._http = httpx.Client(
+            timeout=timeout_s,
+            limits=httpx.Limits(max_keepalive_connections=0),
+            headers={"Accept-Encoding": "identity"},
+        )
         self._tokens = dict(tokens or {})  # pod IP -> its instance's token (moe_contract.auth)
         self._deadline_s = timeout_s
         self._port = port
@@ -110,7 +118,7 @@ class RuntimeClient:
         RuntimeAnswerError."""
         started = time.monotonic()
         try:
-            with self._http.stream("GET", url, params=params, headers=headers) as resp:
+            with self._stream("GET", url, params=params, headers=headers) as resp:
                 if resp.status_code != 200:
                     raise RuntimeAnswerError(f"HTTP {resp.status_code}")
                 body = bytearray()
@@ -128,7 +136,7 @@ class RuntimeClient:
         started = time.monotonic()
         url = f"http://{ip}:{self._port}/v1/placement"
         try:
-            with self._http.stream("PUT", url, json=dict(doc), headers=self._headers(ip)) as resp:
+            with self._stream("PUT", url, json=dict(doc), headers=self._headers(ip)) as resp:
                 status = resp.status_code
                 if status == 200:
                     return Pushed("ok", None)
@@ -145,7 +153,7 @@ class RuntimeClient:
         url = f"http://{ip}:{self._port}/v1/plan"
         headers = {**self._headers(ip), "Content-Type": plan_wire.MEDIA_TYPE}
         try:
-            with self._http.stream("PUT", url, content=body, headers=headers) as resp:
+            with self._stream("PUT", url, content=body, headers=headers) as resp:
                 status = resp.status_code
                 if status in (200, 202):
                     return Pushed("ok", None)
@@ -166,16 +174,55 @@ class RuntimeClient:
             self._read(resp, body, MAX_REFUSAL_BYTES, started)
         return body[:MAX_REFUSAL_BYTES].decode(errors="replace")
 
+    @contextlib.contextmanager
+    def _stream(self, method: str, url: str, **kw: Any) -> Iterator[httpx.Response]:
+        """One exchange under a wall-clock deadline of 4 x the timeout, headers included: httpx's
+        timeouts are per socket read, so a peer trickling a header byte (or a 100 Continue) every
+        few seconds would hold the loop for hours; at the deadline the socket is shut down."""
+        deadline = _Deadline(4 * self._deadline_s)
+        try:
+            with self._http.stream(method, url, extensions={"trace": deadline.trace}, **kw) as resp:
+                if resp.headers.get("Content-Encoding", "identity").strip().lower() != "identity":
+                    raise httpx.DecodingError("a compressed answer (the operator asks for identity)")
+                yield resp
+        finally:
+            deadline.cancel()
+
     def _read(self, resp: httpx.Response, body: bytearray, max_bytes: int, started: float) -> str | None:
         """Append the answer's body to ``body``; stop early past ``max_bytes`` or the deadline and
         say which (None: the whole body arrived in time)."""
-        for chunk in resp.iter_bytes():
+        for chunk in resp.iter_raw():
             body += chunk
             if len(body) > max_bytes:
                 return f"answer larger than {max_bytes} bytes"
             if time.monotonic() - started > 4 * self._deadline_s:
                 return f"answer took longer than {4 * self._deadline_s:.0f}s"
         return None
+
+
+class _Deadline:
+    """Shuts an exchange's socket down when its time is up (armed once the connection exists)."""
+
+    def __init__(self, seconds: float) -> None:
+        self._end = time.monotonic() + seconds
+        self._timer: threading.Timer | None = None
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":
+            sock = info["return_value"].get_extra_info("socket")
+            if sock is not None:
+                self._timer = threading.Timer(max(0.0, self._end - time.monotonic()), _shut, (sock,))
+                self._timer.daemon = True
+                self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed: the exchange ended on its own
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _json_object(body: bytearray) -> dict[str, Any]:

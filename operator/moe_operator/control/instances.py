@@ -243,14 +243,22 @@ def _checked(
     shape: PoolShape, policy: Policy, kw: dict[str, Any],
 ) -> Any:  # fmt: skip
     """A runtime's map scored as the operator's own plan would be, or None when it is not a safe
-    map of this pool or moves past the cap (the operator then plans that instance itself)."""
+    map of this pool, moves past the cap, or scores below the map the instance runs on the same
+    forecast (the operator then plans that instance itself: an honest proposal is its own plan,
+    so the decision is the same; a skewed one gains nothing)."""
     if shape.problems(proposal):
         return None
     try:
         scored = rescore(own, proposal, prior=pool, steps=newest.steps, current=current, **kw)
+        kept = rescore(own, current, prior=pool, steps=newest.steps, current=current, **kw)
     except (ValueError, TypeError, IndexError):
         return None
-    return None if policy.max_moves and scored.moved_slots > policy.max_moves else scored
+    if policy.max_moves and scored.moved_slots > policy.max_moves:
+        return None
+    gain = score.mean_over_moe(scored.predicted_balancedness, newest.counts) - score.mean_over_moe(
+        kept.predicted_balancedness, newest.counts
+    )
+    return scored if gain >= 0 else None
 
 
 def _result(

@@ -17,6 +17,7 @@ MAX_HISTORY_BYTES = 64 * 2**20  # per pool at least: about 500 DeepSeek-V3 windo
 # and per instance the pool holds windows of: 8 V3 windows (1 MB) and one set of step samples
 # (1 MB as uint16), with room; a pool of hundreds of instances keeps every one's own history
 MAX_BYTES_PER_INSTANCE = 4 * 2**20
+MAX_WINDOWS_PER_ANSWER = 64  # a runtime's ring (moe_runtime.sidecar.state.DEFAULT_RING)
 MAX_STEP_SAMPLES = 32  # what the runtime sends (moe_runtime.eplb_hook.STEP_SAMPLES): 1 MB per instance at V3
 
 
@@ -68,8 +69,10 @@ def parse_windows(
             continue
         if not isinstance(ended, int | float) or not -MAX_SEQ < ended <= now + MAX_CLOCK_SKEW_S:
             continue  # NaN fails both comparisons; an int too large for a float never reaches isfinite
+        raw_counts = w.get("counts")
+        if isinstance(raw_counts, np.ndarray) and raw_counts.shape != shape:
+            continue  # a binary answer's: refused before it is copied (4x as float64)
         try:
-            raw_counts = w.get("counts")
             counts = np.array([] if raw_counts is None else raw_counts, dtype=np.float64)
         except (ValueError, TypeError, OverflowError):
             continue
@@ -77,6 +80,9 @@ def parse_windows(
             continue
         out.append(Window(instance, seq, float(ended), counts))
         sampled.append(w.get("steps"))
+    if len(out) > MAX_WINDOWS_PER_ANSWER:  # a runtime's ring holds 64: the newest of them
+        order = sorted(range(len(out)), key=lambda i: newest(out[i]))[-MAX_WINDOWS_PER_ANSWER:]
+        out, sampled = [out[i] for i in sorted(order)], [sampled[i] for i in sorted(order)]
     if out:
         last = max(range(len(out)), key=lambda i: newest(out[i]))
         out[last] = replace(out[last], steps=parse_steps(sampled[last], out[last].counts))
@@ -155,10 +161,29 @@ class History:
 
     def _bound(self) -> None:
         """Counts and step samples both count; the allowance grows with the instances held, so a
-        pool of hundreds keeps each one's own windows instead of a few of the newest."""
-        instances = len({instance_of(w.instance) for w in self.windows})
-        limit = max(self.max_bytes, instances * self.per_instance)
-        total = sum(_nbytes(w) for w in self.windows)
+        pool of hundreds keeps each one's own windows instead of a few of the newest. Over it, an
+        instance past its own share loses its own oldest windows first (never its newest): one
+        runtime's flood of windows cannot push the other instances' out."""
+        sizes: dict[str, int] = {}
+        newest_of: dict[str, Window] = {}
+        for w in self.windows:
+            name = instance_of(w.instance)
+            sizes[name] = sizes.get(name, 0) + _nbytes(w)
+            if name not in newest_of or newest(w) > newest(newest_of[name]):
+                newest_of[name] = w
+        limit = max(self.max_bytes, len(sizes) * self.per_instance)
+        total = sum(sizes.values())
+        if total <= limit:
+            return
+        kept: deque[Window] = deque()
+        for w in self.windows:  # oldest first
+            name = instance_of(w.instance)
+            if total > limit and sizes[name] > self.per_instance and w is not newest_of[name]:
+                sizes[name] -= _nbytes(w)
+                total -= _nbytes(w)
+            else:
+                kept.append(w)
+        self.windows = kept
         while self.windows and total > limit:
             total -= _nbytes(self.windows.popleft())
 

@@ -54,7 +54,7 @@ from moe_operator.control.publish import (
     history_name,
     version_name,
 )
-from moe_operator.control.windows import parse_windows
+from moe_operator.control.windows import Window, parse_windows
 from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.runtime_planning import gather_proposals, planned_here
 from moe_operator.handlers.runtime_tokens import leader_tokens
@@ -200,30 +200,32 @@ def _cm_path(t: Tick, name: str) -> str:
 
 def collect(t: Tick, client: RuntimeClient, leaders: list[dict[str, Any]]) -> tuple[list[str], int]:
     """Fetch new windows from every leader at once into the history; returns what failed and how many
-    were new. Each answer is bounded in bytes and time, so a slow or huge one delays only itself."""
+    were new. Each answer is bounded in bytes and time, so a slow or huge one delays only itself,
+    and parsed as it arrives (the answers' bodies are never all held at once)."""
     history = t.state.history
     cursors = {f"{p['name']}/{p['uid']}": history.cursors.get(f"{p['name']}/{p['uid']}", 0) for p in leaders}
+    shape = (t.shape.num_layers, t.shape.num_experts)
 
-    def fetch(pod: dict[str, Any]) -> tuple[str, dict[str, Any] | None, str | None]:
+    def fetch(pod: dict[str, Any]) -> tuple[str, list[Window] | None, bool, str | None]:
         key = f"{pod['name']}/{pod['uid']}"
         try:
             answer = client.windows(pod["ip"], cursors[key])
             if int(answer.get("latest_seq") or 0) < cursors[key]:  # the runtime restarted
-                return key, {"restarted": True, **client.windows(pod["ip"], 0)}, None
-            return key, answer, None
+                return key, parse_windows(key, client.windows(pod["ip"], 0), shape), True, None
+            return key, parse_windows(key, answer, shape), False, None
         except (RuntimeAnswerError, ValueError, TypeError, OverflowError) as exc:  # int(1e400)
-            return key, None, f"{pod['name']}: {exc or type(exc).__name__}"[:120]
+            return key, None, False, f"{pod['name']}: {exc or type(exc).__name__}"[:120]
 
     failed, added = [], 0
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(leaders)))) as pool:
         results = list(pool.map(fetch, leaders))
-    for key, answer, error in results:
-        if answer is None:
+    for key, windows, restarted, error in results:
+        if windows is None:
             failed.append(error or key)
             continue
-        if answer.get("restarted"):
+        if restarted:
             history.forget_instance(key)
-        added += history.add(parse_windows(key, answer, (t.shape.num_layers, t.shape.num_experts)))
+        added += history.add(windows)
     return failed, added
 
 

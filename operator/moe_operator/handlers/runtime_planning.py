@@ -32,13 +32,13 @@ def gather_proposals(
     ips = {str(p["name"]): str(p["ip"]) for p in leaders if str(p["name"]) in requests}
     if not ips:
         return {}, {}
+    deadline = time.monotonic() + wait_s  # the requests' own time counts too
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(ips)))) as pool:
         results = pool.map(lambda n: client.request_plan(ips[n], plan_wire.encode(requests[n])), ips)
         sent = dict(zip(ips, results, strict=True))
         missing = {n: f"plan request: {s.refusal}" for n, s in sent.items() if s.refusal is not None}
         pending = {n: ips[n] for n in ips if n not in missing}
         proposals: dict[str, np.ndarray] = {}
-        deadline = time.monotonic() + wait_s
         while pending and time.monotonic() < deadline:
             time.sleep(POLL_S)
             asked = pool.map(lambda n: _answer(client, pending[n], requests[n].request), pending)
@@ -82,8 +82,19 @@ def read_proposal(answer: dict[str, Any] | str, request: str) -> tuple[str, np.n
         return "failed", str(answer.get("message") or "failed")[:120]
     if state != "done":
         return "waiting", ""
-    try:
-        phy2log = np.asarray(answer.get("physical_to_logical_map"), dtype=np.int64)
-    except (ValueError, TypeError, OverflowError):
+    rows = answer.get("physical_to_logical_map")
+    if not _integer_matrix(rows):  # JSON integers only: nothing rounded, no booleans
         return "refused", "the proposed map is not a matrix of integers"
-    return "done", phy2log
+    try:
+        return "done", np.asarray(rows, dtype=np.int64)
+    except OverflowError:
+        return "refused", "the proposed map is not a matrix of integers"
+
+
+def _integer_matrix(rows: Any) -> bool:
+    return (
+        isinstance(rows, list)
+        and bool(rows)
+        and all(isinstance(r, list) and len(r) == len(rows[0]) for r in rows)
+        and all(type(x) is int for r in rows for x in r)
+    )
