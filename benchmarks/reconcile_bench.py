@@ -3,7 +3,9 @@
 Runs its own sandbox (236 simulated GPU nodes: 200 H100 in racks of 20, plus 2 GB200 NVL72
 cliques) and the real operator as a subprocess, and prints per round: p50/p99 seconds from
 create to the last of its children (every object the operator renders, seen through watches so
-measuring adds no polling load), to its first engine pod, and to Ready; API requests the operator
+measuring adds no polling load), to its first engine pod (split into: create -> the operator's
+first write ("react"), -> its StatefulSet ("write"), -> the StatefulSet controller's pod ("pod")),
+and to Ready; API requests the operator
 sent per deployment while creating (and while idle); the operator's resident memory. Beside each
 burst (--lws, the default), the same burst as one-group LeaderWorkerSets carrying the pod template
 the operator renders, handled by the real LeaderWorkerSet controller on the same sandbox, right
@@ -236,6 +238,19 @@ def run_round(
     to_children = [last_child[k] - created[k] for k in last_child]
     to_ready = [ready[k] - created[k] for k in ready]
     to_pod = [first_pod[k] - created[k] for k in first_pod if k in created]
+    # where the time to the first pod goes: until the operator's first write, until the
+    # StatefulSet is written, until the StatefulSet controller created the pod
+    first_write: dict[str, float] = {}
+    workload: dict[str, float] = {}
+    for (owner, child), t in seen.items():
+        first_write[owner] = min(first_write.get(owner, t), t)
+        if child.startswith("StatefulSet/"):
+            workload[owner] = min(workload.get(owner, t), t)
+    stages = {
+        "react": [first_write[k] - created[k] for k in first_write if k in created],
+        "write": [workload[k] - first_write[k] for k in workload if k in first_write],
+        "pod": [first_pod[k] - workload[k] for k in first_pod if k in workload],
+    }
     # A StatefulSet changed after creation means an instance was re-planned (and restarted).
     replanned = sum(
         1
@@ -259,6 +274,7 @@ def run_round(
         "ready_p50": statistics.median(to_ready) if to_ready else float("nan"),
         "ready_p99": pct(to_ready, 0.99) if to_ready else float("nan"),
         "ready": len(ready),
+        "stages": {k: (statistics.median(v), pct(v, 0.99)) for k, v in stages.items() if v},
         "pod_p50": statistics.median(to_pod) if to_pod else float("nan"),
         "pod_p99": pct(to_pod, 0.99) if to_pod else float("nan"),
         "requests_per_deployment": create_requests / n,
@@ -438,6 +454,8 @@ def main() -> int:
                             f"{k} {v:.2f}" for k, v in sorted(r["cpu"].items(), key=lambda kv: -kv[1])
                         )
                         print(f"{'':>9} CPU cores used until all Ready: {cpu}", flush=True)
+                        where = "  ".join(f"{k} {a:.2f}/{b:.2f}s" for k, (a, b) in r["stages"].items())
+                        print(f"{'':>9} to the first pod, p50/p99: {where}", flush=True)
                         if template is not None and not rate and concurrency == variants[0]:
                             lws_results[n] = run_lws_round(box, api, n, f"bench-lws-{n}", template)
                             print_lws(lws_results[n], r)
