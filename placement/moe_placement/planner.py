@@ -88,8 +88,7 @@ def plan(
 
 def rescore(
     loads: object,
-    proposal: object,
-    *,
+    *proposals: object,
     num_gpus: int,
     num_nodes: int = 1,
     num_redundant: int = 0,
@@ -99,18 +98,22 @@ def rescore(
     horizon: int | None = None,
     steps: object | None = None,
     prior: object | None = None,
-) -> Plan:
-    """A map planned elsewhere (by an instance's own runtime), scored as ``plan`` scores its own:
-    on the forecast the same inputs give, with the moves counted from ``current``. Nothing of the
-    proposer's is believed but the map; ValueError when it is not a map of this layout."""
+) -> list[Plan]:
+    """Maps planned elsewhere (by an instance's own runtime), each scored as ``plan`` scores its
+    own: on the one forecast the same inputs give (made once for all of them), with the moves
+    counted from ``current``. Nothing of the proposer's is believed but the map; ValueError when
+    one is not a map of this layout."""
     _, layout, fc = _forecast(loads, num_gpus, num_nodes, num_redundant, num_groups, dispatch, horizon,
                               steps, prior)  # fmt: skip
-    phy2log = check_placement(proposal, layout)
     cur = None if current is None else check_placement(current, layout)
-    changed = np.ones(layout.num_layers, dtype=bool) if cur is None else np.any(phy2log != cur, axis=1)
-    moved = 0 if cur is None else gpu_moves(cur, phy2log, layout.num_gpus)
-    predicted = balancedness(phy2log, fc.mean, num_gpus, dispatch, num_nodes=num_nodes)
-    return Plan(phy2log.astype(np.int64), predicted, moved, changed, fc.rule)
+    out = []
+    for proposal in proposals:
+        phy2log = check_placement(proposal, layout)
+        changed = np.ones(layout.num_layers, dtype=bool) if cur is None else np.any(phy2log != cur, axis=1)
+        moved = 0 if cur is None else gpu_moves(cur, phy2log, layout.num_gpus)
+        predicted = balancedness(phy2log, fc.mean, num_gpus, dispatch, num_nodes=num_nodes)
+        out.append(Plan(phy2log.astype(np.int64), predicted, moved, changed, fc.rule))
+    return out
 
 
 def _forecast(

@@ -130,3 +130,30 @@ def test_moves_from_a_bad_placement_pay_off_and_respect_the_cap() -> None:
             assert result.moved_slots == 0
         if cap is None:
             assert after.mean() > before.mean() + 0.05
+
+
+def test_rescore_scores_a_map_planned_elsewhere_as_plan_scores_its_own() -> None:
+    """Runtime planning: the operator re-scores a runtime's map on the forecast its own inputs give;
+    for the map plan() makes from the same inputs the numbers are plan()'s own."""
+    from moe_placement.maps import trivial_map
+    from moe_placement.planner import rescore
+
+    rng = np.random.default_rng(12)
+    history = rng.poisson(rng.gamma(0.5, 300, (6, 3, 16))).astype(float)
+    steps = rng.poisson(history[-1] / 20, (4, 3, 16)).astype(float)
+    prior = history * 3
+    current = trivial_map(3, 16, 20)
+    kw: dict[str, object] = {
+        "num_gpus": 4,
+        "num_redundant": 4,
+        "current": current,
+        "steps": steps,
+        "prior": prior,
+    }
+    mine = plan(history, **kw)  # type: ignore[arg-type]
+    theirs, kept = rescore(history, mine.physical_to_logical_map, current, **kw)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(theirs.predicted_balancedness, mine.predicted_balancedness)
+    assert theirs.moved_slots == mine.moved_slots > 0 and kept.moved_slots == 0
+    assert theirs.predicted_balancedness.mean() > kept.predicted_balancedness.mean()
+    with pytest.raises(ValueError):
+        rescore(history, current[:, :-1], **kw)  # type: ignore[arg-type]

@@ -249,8 +249,7 @@ def _checked(
     if shape.problems(proposal):
         return None
     try:
-        scored = rescore(own, proposal, prior=pool, steps=newest.steps, current=current, **kw)
-        kept = rescore(own, current, prior=pool, steps=newest.steps, current=current, **kw)
+        scored, kept = rescore(own, proposal, current, prior=pool, steps=newest.steps, current=current, **kw)
     except (ValueError, TypeError, IndexError):
         return None
     if policy.max_moves and scored.moved_slots > policy.max_moves:
