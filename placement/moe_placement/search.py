@@ -68,6 +68,7 @@ def pair_refine(
     swaps: IntArray | None = None,
     held: BoolArray | None = None,
     problem: IntArray | None = None,
+    rounds: int | None = None,
 ) -> IntArray:
     """Lower J by exchanging copies between GPUs. item_load [B, I, K] (scenarios last), layout [B, G, S] item ids.
 
@@ -77,13 +78,15 @@ def pair_refine(
     fewer when it moves a copy on or back), and each GPU takes its best exchange per copy loaded;
     once the budget is spent, exchanges that load nothing more are still taken.
     ``problem`` [B]: rows with the same id are candidates for one problem (other copy counts);
-    after ``SCREEN_ROUNDS`` only the one with the lowest J searches on.
+    after ``SCREEN_ROUNDS`` only the one with the lowest J searches on. ``rounds``: at most this
+    many rounds (default MAX_ROUNDS, or MAX_ROUNDS_SCENARIOS on several scenarios).
     """
     rows, num_gpus, slots = layout.shape
     if num_gpus < 2 or rows == 0:
         return layout
     several = item_load.shape[2] > 1
     patience, max_rounds = (PATIENCE_SCENARIOS, MAX_ROUNDS_SCENARIOS) if several else (PATIENCE, MAX_ROUNDS)
+    max_rounds = max_rounds if rounds is None else min(max_rounds, rounds)
     left = (
         np.full(rows, np.iinfo(np.int64).max) if swaps is None else np.asarray(swaps, dtype=np.int64).copy()
     )

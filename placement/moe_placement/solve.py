@@ -41,8 +41,12 @@ def item_loads(scenarios: FloatArray, counts: IntArray, expert: IntArray) -> Flo
     return out
 
 
-def solve_rows(mean: FloatArray, scenarios: FloatArray, bins: Bins, cap: int) -> Solution:
-    """mean [B, E] forecast and scenarios [B, K, E]; fills bins.num_gpus * bins.slots slots per row."""
+def solve_rows(
+    mean: FloatArray, scenarios: FloatArray, bins: Bins, cap: int, rounds: int | None = None
+) -> Solution:
+    """mean [B, E] forecast and scenarios [B, K, E]; fills bins.num_gpus * bins.slots slots per row.
+
+    ``rounds``: at most this many rounds of exchanges (default: search.py's caps)."""
     rows, num_experts = mean.shape
     total = bins.num_gpus * bins.slots
     # copies per expert: at most one per conflict domain, unless the slots need more
@@ -76,7 +80,7 @@ def solve_rows(mean: FloatArray, scenarios: FloatArray, bins: Bins, cap: int) ->
     scen = np.repeat(scenarios, keep.shape[1], axis=0)
     loads = item_loads(scen, flat_counts, expert)
     if bins.slots > 1:
-        layout = refine_distinct(loads, expert, flat_counts, num_experts, bins, layout, keep.shape[1])
+        layout = refine_distinct(loads, expert, flat_counts, num_experts, bins, layout, keep.shape[1], rounds)
     cost = expected_peak(gpu_scenario_loads(loads, layout)).reshape(rows, keep.shape[1])
     best = np.arange(rows) * keep.shape[1] + np.argmin(cost, axis=1)
     expert, layout, loads = expert[best], layout[best], loads[best]
@@ -93,6 +97,7 @@ def refine_distinct(
     bins: Bins,
     layout: IntArray,
     width: int,
+    rounds: int | None = None,
 ) -> IntArray:
     """pair_refine on each row's distinct candidates only (``width`` per row, rows x candidates flat).
 
@@ -112,7 +117,7 @@ def refine_distinct(
     out = layout.copy()
     problem = distinct // width  # the row each candidate is for: they compete, the best searches on
     out[distinct] = pair_refine(
-        loads[distinct], expert[distinct], num_experts, bins, layout[distinct], problem=problem
+        loads[distinct], expert[distinct], num_experts, bins, layout[distinct], problem=problem, rounds=rounds
     )
     result: IntArray = out[source]
     return result
