@@ -104,10 +104,10 @@ def pair_refine(
     zl = item_load[idx].astype(np.float32)
     load = gpu_scenario_loads(zl, sub)  # [n, G, K]
     reached = np.full(rows, np.inf)  # J where a row stopped
+    before = expected_peak(load)  # J of each working row, carried from round to round
     for rnd in range(max_rounds):
         if idx.size == 0:
             break
-        before = expected_peak(load)
         if problem is not None and rnd == SCREEN_ROUNDS:
             reached[idx] = before
             go = _leads(problem, reached)[idx]
@@ -126,7 +126,7 @@ def pair_refine(
         involved = np.zeros((n, num_gpus), dtype=bool)
         involved[nl[:, None], heavy] = True
         involved[nl[:, None], partner.reshape(n, -1)] = True
-        floor = np.where(involved[:, :, None], -np.inf, load).max(axis=1)  # [n, K]
+        floor = np.where(involved[:, :, None], -np.inf, load).max(axis=1)  # [n, K], -inf: all move
         # a copy may not join a conflict domain that already holds its expert (unless both GPUs share it)
         ea = item_expert[idx[:, None, None], a_items]
         eb = item_expert[idx[:, None, None, None], b_items]
@@ -168,14 +168,19 @@ def pair_refine(
         trial, trial_load = sub.copy(), load.copy()
         rr, ff = np.nonzero(improving)
         _apply(trial, trial_load, zl, heavy, partner, a_items, b_items, rr, ff, m_idx, sa, sb)
-        worse = expected_peak(trial_load) > before * (1 - TOLERANCE)
+        after = expected_peak(trial_load)
+        worse = after > before * (1 - TOLERANCE)
+        after[worse] = before[worse]
         redo = np.flatnonzero(worse & improving.any(axis=1))
         if worse.any():  # joint exchanges interfered: try the row's single best one alone
             trial[worse], trial_load[worse] = sub[worse], load[worse]
             if redo.size:
                 f1 = np.argmax(np.where(improving[redo], best_gain[redo], -np.inf), axis=1)
                 _apply(trial, trial_load, zl, heavy, partner, a_items, b_items, redo, f1, m_idx, sa, sb)
-                still = redo[expected_peak(trial_load[redo]) > before[redo] * (1 - TOLERANCE)]
+                alone = expected_peak(trial_load[redo])
+                rises = alone > before[redo] * (1 - TOLERANCE)
+                after[redo] = np.where(rises, before[redo], alone)
+                still = redo[rises]
                 trial[still], trial_load[still] = sub[still], load[still]  # J never rises
                 worse[still] = True
                 improving[still] = False
@@ -185,14 +190,14 @@ def pair_refine(
             single[redo, f1] = True
         made = (best_price * np.where(worse[:, None], single & improving, improving)).sum(axis=1)
         left[idx] -= made
-        sub, load = trial, trial_load
+        sub, load, before = trial, trial_load, after
         idle[idx] = np.where(progressed, 0, idle[idx] + 1)
         stop = (idle[idx] >= patience) | (left[idx] <= stop_at)
         if stop.any():
             layout[idx[stop]] = sub[stop]
-            reached[idx[stop]] = expected_peak(load[stop])
+            reached[idx[stop]] = before[stop]
             go = ~stop
-            idx, sub, zl, load = idx[go], sub[go], zl[go], load[go]
+            idx, sub, zl, load, before = idx[go], sub[go], zl[go], load[go], before[go]
     layout[idx] = sub
     return layout
 
@@ -281,7 +286,8 @@ def _exchange_cost(
     new_h = lh[:, :, None, None, None, :] + delta
     np.subtract(lp[:, :, :, None, None, :], delta, out=delta)
     np.maximum(new_h, delta, out=new_h)
-    np.maximum(new_h, floor[:, None, None, None, None, :], out=new_h)
+    if not np.isneginf(floor).all():  # every GPU in some pair (F = G/2): no floor
+        np.maximum(new_h, floor[:, None, None, None, None, :], out=new_h)
     # the mean in float64: summing float32 loads of one magnitude in float64 is exact in any order,
     # so einsum's sum is the same number as mean's, at a third of the time
     out: FloatArray = np.einsum("...k->...", new_h.astype(np.float64)) / new_h.shape[5]
