@@ -279,9 +279,11 @@ def _exchange_cost(
 ) -> FloatArray:
     """J of each pair after each exchange [n, F, M, Sa, Sb]: mean over scenarios of the larger new
     load of the two GPUs, or the floor (the largest load outside every pair)."""
-    nl = np.arange(zl.shape[0])
-    za = zl[nl[:, None, None], a_items]  # [n, F, S, K]
-    zb = zl[nl[:, None, None, None], b_items]  # [n, F, M, S, K]
+    n, num_items, num_scen = zl.shape
+    rows = zl.reshape(n * num_items, num_scen)  # np.take of whole rows: twice as fast as fancy indexing
+    base = np.arange(n) * num_items
+    za = np.take(rows, base[:, None, None] + a_items, axis=0)  # [n, F, S, K]
+    zb = np.take(rows, base[:, None, None, None] + b_items, axis=0)  # [n, F, M, S, K]
     delta = zb[:, :, :, None, :, :] - za[:, :, None, :, None, :]  # [n, F, M, Sa, Sb, K]
     new_h = lh[:, :, None, None, None, :] + delta
     np.subtract(lp[:, :, :, None, None, :], delta, out=delta)
