@@ -140,12 +140,11 @@ def pair_refine(
         a_ok = present[nl[:, None, None, None], (dom_p * num_experts)[..., None] + ea[:, :, None, :]] == 0
         b_ok = present[nl[:, None, None, None], (dom_h * num_experts)[:, :, None, None] + eb] == 0
         same = (dom_h[:, :, None] == dom_p)[..., None, None]
-        valid = (ea[:, :, None, :, None] != eb[:, :, :, None, :]) & (
-            same | (a_ok[..., None] & b_ok[..., None, :])
-        )  # [n, F, M, Sa, Sb]
+        alike = ea[:, :, None, :, None] == eb[:, :, :, None, :]  # [n, F, M, Sa, Sb]
+        valid = ~alike & (same | (a_ok[..., None] & b_ok[..., None, :]))
         if num_dom < num_gpus:  # inside a shared domain, a GPU still takes no second copy of an expert
-            p_has = (eb[:, :, :, None, :] == ea[:, :, None, :, None]).any(axis=4)  # [n, F, M, Sa]
-            h_has = (ea[:, :, None, None, :] == eb[..., None]).any(axis=4)  # [n, F, M, Sb]
+            p_has = alike.any(axis=4)  # [n, F, M, Sa]: the partner holds a
+            h_has = alike.any(axis=3)  # [n, F, M, Sb]: the heavy GPU holds b
             valid &= ~p_has[..., None] & ~h_has[..., None, :]
         current = np.maximum(np.maximum(lh[:, :, None, :], lp), floor[:, None, None, :]).mean(
             axis=3, dtype=np.float64
