@@ -126,7 +126,10 @@ def pair_refine(
         involved = np.zeros((n, num_gpus), dtype=bool)
         involved[nl[:, None], heavy] = True
         involved[nl[:, None], partner.reshape(n, -1)] = True
-        floor = np.where(involved[:, :, None], -np.inf, load).max(axis=1)  # [n, K], -inf: all move
+        if involved.all():  # every GPU in some pair (F = G/2): no floor
+            floor = np.full((n, load.shape[2]), -np.inf, dtype=load.dtype)
+        else:
+            floor = np.where(involved[:, :, None], -np.inf, load).max(axis=1)  # [n, K]
         # a copy may not join a conflict domain that already holds its expert (unless both GPUs share it)
         ea = item_expert[idx[:, None, None], a_items]
         eb = item_expert[idx[:, None, None, None], b_items]
