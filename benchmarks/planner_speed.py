@@ -12,9 +12,9 @@ hierarchical), EP72, EP144, EP288 (global; 4, 2, 1 slots per GPU).
 Both planners run in their own subprocess (numpy on one thread), fed the same inputs, and are
 timed alternately on every case, so load on a shared machine hits both alike; DeepSeek EPLB
 (baseline.py) on each instance's last window is timed in the same processes. Printed per case:
-median wall seconds per instance over ``--repeats`` calls of plan_instances, EPLB's, the
-ratios, whether every instance's plan (map, moved slots, forecast rule) is identical, and the
-future imbalance of each plan (excess = mean over the next window's steps and layers of
+median wall seconds per instance over ``--repeats`` calls of plan_instances (``cpu s``: its
+CPU seconds, less sensitive to other load), EPLB's, the ratios, whether every instance's plan
+(map, moved slots, forecast rule) is identical, and the future imbalance of each plan (excess = mean over the next window's steps and layers of
 max/mean GPU load - 1, as bench.py scores) over EPLB's on the same steps. Usage:
 
     PYTHONPATH=placement:operator .venv/bin/python benchmarks/planner_speed.py \\
@@ -104,7 +104,7 @@ def worker(dispatch: str) -> None:
         names = sorted(k.split("/")[1] for k in data.files if k.startswith("history/"))
         history = {n: data[f"history/{n}"] for n in names}
         pool = np.sum(list(history.values()), axis=0)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         plans = plan_instances(
             history,
             pool=pool,
@@ -114,6 +114,7 @@ def worker(dispatch: str) -> None:
             **shape,
         )
         ours = (time.perf_counter() - started) / len(names)
+        ours_cpu = (time.process_time() - cpu) / len(names)
         started = time.perf_counter()
         for n in names:
             baseline_plan(history[n][-1], **shape)
@@ -122,7 +123,7 @@ def worker(dispatch: str) -> None:
         out.update({f"moved/{n}": np.array(p.moved_slots) for n, p in plans.items()})
         np.savez(job["out"], **out)
         rules = {n: p.forecast_rule for n, p in plans.items()}
-        print(json.dumps({"ours": ours, "eplb": eplb, "rules": rules}), flush=True)
+        print(json.dumps({"ours": ours, "cpu": ours_cpu, "eplb": eplb, "rules": rules}), flush=True)
 
 
 class Worker:
@@ -235,24 +236,29 @@ def main() -> int:
                 for name in order:
                     got = workers[name].run(case, folder / f"{name}-{case.setup}-{case.seed}.npz")
                     times.setdefault((case.setup, case.seed, name), []).append(got["ours"])
+                    times.setdefault((case.setup, case.seed, f"cpu-{name}"), []).append(got["cpu"])
                     times.setdefault((case.setup, case.seed, f"eplb-{name}"), []).append(got["eplb"])
                     answers[(case.setup, case.seed, name)] = got
         for w in workers.values():
             w.close()
-        head = f"{'setup':6} {'seed':>4} | {'new s':>7} {'EPLB ms':>7} {'new/EPLB':>8}"
+        head = f"{'setup':6} {'seed':>4} | {'new s':>7} {'cpu s':>6} {'EPLB ms':>7} {'new/EPLB':>8}"
         if "base" in workers:
-            head += f" | {'base s':>7} {'EPLB ms':>7} {'base/EPLB':>9} | {'base/new':>8} {'same':>4}"
+            head += (
+                f" | {'base s':>7} {'cpu s':>6} {'EPLB ms':>7} {'base/EPLB':>9} | {'base/new':>8} {'same':>4}"
+            )
         head += " | excess/EPLB new" + (" base" if "base" in workers else "")
         print(head)
         for case in cases:
             key = (case.setup, case.seed)
             new_s = float(np.median(times[(*key, "new")]))
+            new_c = float(np.median(times[(*key, "cpu-new")]))
             new_e = float(np.median(times[(*key, "eplb-new")]))
             maps_new, q_new = quality(folder / f"new-{case.setup}-{case.seed}.npz", case, args.dispatch)
-            line = f"{case.setup:6} {case.seed:>4} | {new_s:7.3f} {1000 * new_e:7.1f} {new_s / new_e:8.0f}"
+            line = f"{case.setup:6} {case.seed:>4} | {new_s:7.3f} {new_c:6.3f} {1000 * new_e:7.1f} {new_s / new_e:8.0f}"
             tail = f" | {q_new:.4f}"
             if "base" in workers:
                 base_s = float(np.median(times[(*key, "base")]))
+                base_c = float(np.median(times[(*key, "cpu-base")]))
                 base_e = float(np.median(times[(*key, "eplb-base")]))
                 maps_base, q_base = quality(
                     folder / f"base-{case.setup}-{case.seed}.npz", case, args.dispatch
@@ -261,7 +267,7 @@ def main() -> int:
                     answers[(*key, "new")]["rules"] == answers[(*key, "base")]["rules"]
                 )
                 line += (
-                    f" | {base_s:7.3f} {1000 * base_e:7.1f} {base_s / base_e:9.0f} |"
+                    f" | {base_s:7.3f} {base_c:6.3f} {1000 * base_e:7.1f} {base_s / base_e:9.0f} |"
                     f" {base_s / new_s:8.2f} {'yes' if same else 'NO':>4}"
                 )
                 tail += f" {q_base:.4f}"
