@@ -36,10 +36,6 @@ MAX_PARTNERS = 6  # GPUs each focus GPU may exchange with in one round
 MIN_FOCUS = 8  # GPUs that try an exchange in each round, at least
 MAX_ROUNDS = 32  # on one scenario
 MAX_ROUNDS_SCENARIOS = 100
-# candidates for one problem (copy counts by two rules) search together this many rounds, then
-# only the best goes on: by then the search has most of its gain (measured: 80% by round 7-20 at
-# DeepSeek-V3 shape), and which candidate ends lowest is rarely in doubt
-SCREEN_ROUNDS = 10
 CHUNK = 1 << 18  # elements of one block of the exchange search's [rows, F, M, Sa, Sb, K] arrays
 PRICE_FLOOR = (
     1.0  # with a move budget, an exchange ranks by gain / max(copies it loads, this): two-load ones at half
@@ -67,7 +63,6 @@ def pair_refine(
     layout: IntArray,
     swaps: IntArray | None = None,
     held: BoolArray | None = None,
-    problem: IntArray | None = None,
     rounds: int | None = None,
 ) -> IntArray:
     """Lower J by exchanging copies between GPUs. item_load [B, I, K] (scenarios last), layout [B, G, S] item ids.
@@ -77,9 +72,7 @@ def pair_refine(
     loaded instead: an exchange costs the copies its two GPUs hold beyond what they held (0-2 more,
     fewer when it moves a copy on or back), and each GPU takes its best exchange per copy loaded;
     once the budget is spent, exchanges that load nothing more are still taken.
-    ``problem`` [B]: rows with the same id are candidates for one problem (other copy counts);
-    after ``SCREEN_ROUNDS`` only the one with the lowest J searches on. ``rounds``: at most this
-    many rounds (default MAX_ROUNDS, or MAX_ROUNDS_SCENARIOS on several scenarios).
+    ``rounds``: at most this many rounds (default MAX_ROUNDS, or MAX_ROUNDS_SCENARIOS on several scenarios).
     """
     rows, num_gpus, slots = layout.shape
     if num_gpus < 2 or rows == 0:
@@ -103,17 +96,10 @@ def pair_refine(
     sub = layout[idx]
     zl = item_load[idx].astype(np.float32)
     load = gpu_scenario_loads(zl, sub)  # [n, G, K]
-    reached = np.full(rows, np.inf)  # J where a row stopped
     before = expected_peak(load)  # J of each working row, carried from round to round
     for rnd in range(max_rounds):
         if idx.size == 0:
             break
-        if problem is not None and rnd == SCREEN_ROUNDS:
-            reached[idx] = before
-            go = _leads(problem, reached)[idx]
-            idx, sub, zl, load, before = idx[go], sub[go], zl[go], load[go], before[go]
-            if idx.size == 0:
-                break
         n = idx.size
         nl = np.arange(n)
         heavy, partner = _pairs(load, rnd)  # [n, F], [n, F, M]
@@ -197,21 +183,10 @@ def pair_refine(
         stop = (idle[idx] >= patience) | (left[idx] <= stop_at)
         if stop.any():
             layout[idx[stop]] = sub[stop]
-            reached[idx[stop]] = before[stop]
             go = ~stop
             idx, sub, zl, load, before = idx[go], sub[go], zl[go], load[go], before[go]
     layout[idx] = sub
     return layout
-
-
-def _leads(problem: IntArray, cost: FloatArray) -> BoolArray:
-    """Per row: is it the first row of its problem with the problem's lowest cost?"""
-    order = np.lexsort((np.arange(problem.size), cost, problem))  # by problem, then cost, then row
-    first = np.ones(problem.size, dtype=bool)
-    first[1:] = problem[order][1:] != problem[order][:-1]
-    out = np.zeros(problem.size, dtype=bool)
-    out[order[first]] = True
-    return out
 
 
 def _pairs(load: AnyFloat, rnd: int) -> tuple[IntArray, IntArray]:

@@ -115,9 +115,8 @@ def refine_distinct(
     source = (np.arange(rows)[:, None] * width + first).ravel()
     distinct = np.flatnonzero(source == np.arange(source.size))
     out = layout.copy()
-    problem = distinct // width  # the row each candidate is for: they compete, the best searches on
     out[distinct] = pair_refine(
-        loads[distinct], expert[distinct], num_experts, bins, layout[distinct], problem=problem, rounds=rounds
+        loads[distinct], expert[distinct], num_experts, bins, layout[distinct], rounds=rounds
     )
     result: IntArray = out[source]
     return result

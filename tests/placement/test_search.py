@@ -210,31 +210,6 @@ def test_a_row_whose_candidates_agree_is_searched_once_with_the_same_result() ->
     assert (out == np.repeat(pair_refine(loads, expert, 40, bins, start), 2, axis=0)).all()
 
 
-def test_candidates_of_one_problem_compete_and_the_best_searches_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With ``problem``, candidates search together until SCREEN_ROUNDS, then only each problem's
-    lowest searches on: no candidate's J rises, and each problem ends at least as low as its best
-    candidate was when screened. Screening beyond the last round changes nothing."""
-    import moe_placement.search as search
-
-    loads, expert, _, bins, start = _hedged_rows(7, 8)
-    problem = np.arange(8) // 2
-
-    def cost(lay: np.ndarray) -> np.ndarray:
-        return expected_peak(gpu_scenario_loads(loads, lay))
-
-    screened = pair_refine(loads, expert, 40, bins, start, problem=problem)
-    assert (cost(screened) <= cost(start) * (1 + 1e-6)).all()
-    at_screen = pair_refine(loads, expert, 40, bins, start, rounds=search.SCREEN_ROUNDS)
-    assert (
-        cost(screened).reshape(4, 2).min(axis=1) <= cost(at_screen).reshape(4, 2).min(axis=1) + 1e-12
-    ).all()
-    monkeypatch.setattr(search, "SCREEN_ROUNDS", 10**6)
-    assert (
-        pair_refine(loads, expert, 40, bins, start, problem=problem)
-        == pair_refine(loads, expert, 40, bins, start)
-    ).all()
-
-
 def test_fewer_rounds_stop_the_same_search_earlier() -> None:
     """``rounds`` cuts the search short: 0 rounds leave the start, and J after a few rounds lies
     between the start's and the full search's (the same trajectory, stopped)."""
