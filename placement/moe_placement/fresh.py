@@ -18,8 +18,12 @@ from .search import pair_refine
 from .solve import solve_rows
 
 
-def place_rows(mean: FloatArray, scen: FloatArray, layout: Layout, dispatch: str) -> IntArray:
-    """phy2log [B, P] for B independent layers: mean [B, E], scenarios [B, K, E]."""
+def place_rows(
+    mean: FloatArray, scen: FloatArray, layout: Layout, dispatch: str, rounds: int | None = None
+) -> IntArray:
+    """phy2log [B, P] for B independent layers: mean [B, E], scenarios [B, K, E].
+
+    ``rounds``: at most this many rounds of exchanges per row (default: search.py's caps)."""
     num_layers, num_slots = mean.shape[0], layout.num_slots
     if layout.hierarchical:
         experts = node_experts(mean, scen, layout)  # [L, N, E/N]
@@ -32,14 +36,14 @@ def place_rows(mean: FloatArray, scen: FloatArray, layout: Layout, dispatch: str
             axis=2,
         )
         bins = Bins(layout.gpus_per_node, layout.slots_per_gpu, np.arange(layout.gpus_per_node))
-        sol = solve_rows(row_mean, row_scen, bins, cap=layout.gpus_per_node)
+        sol = solve_rows(row_mean, row_scen, bins, cap=layout.gpus_per_node, rounds=rounds)
         phy = np.take_along_axis(local, sol.expert.reshape(rows, -1), axis=1)
         return phy.reshape(num_layers, num_slots)
     per_node = layout.gpus_per_node
     by_node = dispatch == "static" and layout.num_nodes > 1
     domain = np.arange(layout.num_gpus) // per_node if by_node else np.arange(layout.num_gpus)
     bins = Bins(layout.num_gpus, layout.slots_per_gpu, domain)
-    sol = solve_rows(mean, scen, bins, cap=int(domain.max()) + 1)
+    sol = solve_rows(mean, scen, bins, cap=int(domain.max()) + 1, rounds=rounds)
     return sol.expert.reshape(num_layers, num_slots)
 
 

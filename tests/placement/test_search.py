@@ -188,3 +188,63 @@ def test_inside_a_node_domain_no_gpu_takes_a_second_copy_of_an_expert() -> None:
         out = np.take_along_axis(expert[None], order.reshape(1, -1), axis=1).reshape(4, 3)
         assert all(len(set(gpu)) == 3 for gpu in out.tolist()), out
         assert gpu_moves(expert[None], out.reshape(1, -1), 4) <= budget
+
+
+def _hedged_rows(seed: int, rows: int) -> tuple[np.ndarray, ...]:
+    """Rows of 40 experts on 12 GPUs x 4 slots with 9 scenarios: item loads, experts, counts, LPT start."""
+    mean, scen, counts, expert = _rows(seed, rows, 40, 12, 4, scen=9)
+    bins = Bins(12, 4, np.arange(12))
+    start = lpt(np.take_along_axis(mean / counts, expert, axis=1), expert, 40, bins)
+    return item_loads(scen, counts, expert), expert, counts, bins, start
+
+
+def test_a_row_whose_candidates_agree_is_searched_once_with_the_same_result() -> None:
+    """refine_distinct searches one of two equal candidates and copies it: the same layouts as
+    searching both (rows are independent; the pairing width follows the rows still searching)."""
+    from moe_placement.solve import refine_distinct
+
+    loads, expert, counts, bins, start = _hedged_rows(5, 6)
+    out = refine_distinct(
+        *(np.repeat(a, 2, axis=0) for a in (loads, expert, counts)), 40, bins, np.repeat(start, 2, axis=0), 2
+    )
+    assert (out == np.repeat(pair_refine(loads, expert, 40, bins, start), 2, axis=0)).all()
+
+
+def test_fewer_rounds_stop_the_same_search_earlier() -> None:
+    """``rounds`` cuts the search short: 0 rounds leave the start, and J after a few rounds lies
+    between the start's and the full search's (the same trajectory, stopped)."""
+    loads, expert, _, bins, start = _hedged_rows(9, 5)
+
+    def cost(lay: np.ndarray) -> np.ndarray:
+        return expected_peak(gpu_scenario_loads(loads, lay))
+
+    assert (pair_refine(loads, expert, 40, bins, start, rounds=0) == start).all()
+    few = cost(pair_refine(loads, expert, 40, bins, start, rounds=3))
+    full = cost(pair_refine(loads, expert, 40, bins, start))
+    assert (full <= few + 1e-12).all() and (few <= cost(start) + 1e-12).all()
+
+
+def test_the_exchange_cost_sums_scenarios_exactly() -> None:
+    """The search's mean over scenarios (einsum on float64) is the same number as numpy's mean: float32
+    loads of one magnitude sum exactly in float64, whatever the order (plans depend on ties)."""
+    from moe_placement.search import _exchange_cost
+
+    rng = np.random.default_rng(3)
+    n, items, scen, focus, slots = 3, 48, 45, 6, 4
+    zl = (rng.gamma(0.5, 1.0, size=(n, items, scen)) / 300).astype(np.float32)
+    a_items = rng.integers(0, items, size=(n, focus, slots))
+    b_items = rng.integers(0, items, size=(n, focus, 1, slots))
+    lh, lp = (
+        (rng.random((n, focus, scen)) / 50).astype(np.float32),
+        (rng.random((n, focus, 1, scen)) / 80).astype(np.float32),
+    )
+    floor = (rng.random((n, scen)) / 60).astype(np.float32)
+    got = _exchange_cost(zl, a_items, b_items, lh, lp, floor)
+    za = zl[np.arange(n)[:, None, None], a_items]
+    zb = zl[np.arange(n)[:, None, None, None], b_items]
+    delta = zb[:, :, :, None, :, :] - za[:, :, None, :, None, :]
+    peak = np.maximum(
+        np.maximum(lh[:, :, None, None, None, :] + delta, lp[:, :, :, None, None, :] - delta),
+        floor[:, None, None, None, None, :],
+    )
+    assert (got == peak.mean(axis=5, dtype=np.float64)).all()
