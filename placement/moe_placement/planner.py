@@ -27,10 +27,11 @@ from .movement import respect_current
 from .replicate import greedy_counts
 
 HEDGE_Z = 1.0  # standard errors by which hedging must beat the plain plan on held-out scenarios
-# exchange rounds of the half-fitted trial plans: they only judge whether hedging pays, and the
-# last rounds' small gains do not change that verdict (measured: the dev tables read the same
-# with 30 rounds, EP72 0.6% worse with 15); the plans kept search to the end
-TRIAL_ROUNDS = 30
+# exchange rounds of the half-fitted trial plans (None: search.py's own caps). A cap of 30 made
+# EP72 plans 15-25% faster but changed 65 of 324 reference plans, leaning slightly worse (fresh
+# plans' excess 0.738 -> 0.739 on the development seeds, 0.817 -> 0.818 held out, EP72 1.5% worse
+# on one held-out case; docs/placement.md): off, so that plans stay what they were
+TRIAL_ROUNDS: int | None = None
 
 
 @dataclass(frozen=True)
