@@ -72,3 +72,24 @@ def test_the_pool_hands_exceptions_to_the_caller_and_keeps_working() -> None:
     started = time.monotonic()
     pool.shutdown()
     assert time.monotonic() - started < 5
+
+
+def test_the_reconcile_that_started_first_goes_first_wave_by_wave() -> None:
+    """(reconcile start, wave): an earlier deployment's StatefulSets go before a later one's
+    ServiceAccounts, and its Services too, so its reconcile ends and frees its thread first."""
+    pool = PriorityPool(1, "test")
+    gate, ran = threading.Event(), []
+    pool.submit((0.0, 0), gate.wait)
+    jobs = [
+        ((2.0, 0), "b-sa"),
+        ((1.0, 1), "a-sts"),
+        ((1.0, 2), "a-svc"),
+        ((2.0, 1), "b-sts"),
+        ((1.0, 0), "a-sa"),
+    ]
+    futures = [pool.submit(p, ran.append, name) for p, name in jobs]
+    gate.set()
+    for f in futures:
+        f.result(timeout=5)
+    pool.shutdown()
+    assert ran == ["a-sa", "a-sts", "a-svc", "b-sa", "b-sts"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ssl
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -195,17 +196,20 @@ class Kube:
 
         A reconcile's applies are independent writes, so one deployment's children take about
         three round trips instead of one per object (apply_concurrency=1: one by one, in order).
-        The pool is shared by every reconcile and serves earlier waves first: in a burst, one
-        deployment's StatefulSets go ahead of other deployments' Services, so pods start while
-        the rest is written.
+        The pool is shared by every reconcile and serves the reconcile that started first, wave
+        by wave: in a burst, one deployment's StatefulSets go ahead of the next deployments'
+        objects, so its pods start while the rest is written, and its reconcile (and the handler
+        thread it holds) ends before later ones queue behind it.
         """
+        started = time.monotonic()
         applied: list[dict[str, Any]] = []
-        for priority, wave in enumerate(apply_waves(objects)):
+        for wave_index, wave in enumerate(apply_waves(objects)):
             if self._apply_pool is None or len(wave) == 1:
                 for obj in wave:
                     self.apply(obj)
             else:
-                for future in [self._apply_pool.submit(priority, self.apply, o) for o in wave]:
+                futures = [self._apply_pool.submit((started, wave_index), self.apply, o) for o in wave]
+                for future in futures:
                     future.result()
             applied += wave
         return applied

@@ -2,7 +2,8 @@
 
 The operator's applies share one bounded pool across every reconcile: in a burst of new
 deployments, FIFO would put each deployment's StatefulSets behind every other deployment's
-Services, and no pod would start until the whole burst's objects were written.
+Services, and no pod would start until the whole burst's objects were written; the reconcile
+that started first goes first, wave by wave.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-_Job = tuple[int, int, Callable[..., Any] | None, tuple[Any, ...], "Future[Any] | None"]
+_Job = tuple[tuple[float, ...], int, Callable[..., Any] | None, tuple[Any, ...], "Future[Any] | None"]
 
 
 class PriorityPool:
-    """``submit(priority, fn, *args)`` -> Future; lower priorities run first, FIFO within one."""
+    """``submit(priority, fn, *args)`` -> Future; lower priorities (numbers, or tuples of them)
+    run first, FIFO within one."""
 
     def __init__(self, workers: int, name: str) -> None:
         self._queue: queue.PriorityQueue[_Job] = queue.PriorityQueue()
@@ -30,9 +32,10 @@ class PriorityPool:
         for t in self._threads:
             t.start()
 
-    def submit(self, priority: int, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    def submit(self, priority: float | tuple[float, ...], fn: Callable[..., Any], *args: Any) -> Future[Any]:
         future: Future[Any] = Future()
-        self._queue.put((priority, next(self._order), fn, args, future))
+        key = priority if isinstance(priority, tuple) else (priority,)
+        self._queue.put((key, next(self._order), fn, args, future))
         return future
 
     def _work(self) -> None:
@@ -50,6 +53,6 @@ class PriorityPool:
     def shutdown(self) -> None:
         """Let queued jobs finish, then stop every worker."""
         for _ in self._threads:
-            self._queue.put((2**62, next(self._order), None, (), None))
+            self._queue.put(((float("inf"),), next(self._order), None, (), None))
         for t in self._threads:
             t.join()
