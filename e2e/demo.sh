@@ -6,7 +6,9 @@
 #   runtime on each instance leader's IP and a real Prometheus with the project's alert
 #   rules, lets the imbalance alert fire on the trivial expert placement, lets the operator's
 #   control loop rebalance until it resolves, raises the decode pool's offered load until
-#   SGLang's latency histograms fire the TTFT and inter-token-latency alerts, and prints a summary.
+#   SGLang's latency histograms fire the TTFT and inter-token-latency alerts, scales a second
+#   deployment's decode pool out on an ITL SLO breach and back in when the load falls (drained
+#   first), and prints a summary.
 # Clean up with: bash e2e/demo.sh down
 # Two sandboxes coexist with different MOE_SANDBOX_PORT_BASE (default 16000) and MOE_SANDBOX_DIR.
 set -euo pipefail
@@ -110,6 +112,9 @@ demo wait-resolved
 
 step "load step: the decode instances' offered load from 2 to 16 requests/s each (about twice their capacity)"
 demo load-step
+
+step "autoscaling: a second deployment (Qwen3-30B-A3B, one node per instance) whose decode pool follows an ITL SLO"
+demo autoscale
 
 step "summary"
 "$KUBECTL" get moedeployments,statefulsets -o wide

@@ -9,6 +9,7 @@
     demo.py rebalance           shorten spec.eplb's intervals so the control loop acts now
     demo.py wait-resolved       until every pool has a placement version and the alert resolved
     demo.py load-step           raise the decode runtimes' offered load until the latency alerts fire
+    demo.py autoscale           a second deployment's decode pool scales out on an ITL breach and back in
     demo.py summary             versions, balancedness before/after, alerts fired and resolved
     demo.py stop                stop the runtimes and Prometheus (pid files in the state dir)
 
@@ -595,6 +596,16 @@ def cmd_summary(args: argparse.Namespace) -> int:
         say(f"  {e.alert:28} pool={where:8} fired at +{e.fired_at - t0:.0f}s, {end}")
     if not eps:
         say("  none fired")
+    scaling = (
+        json.loads((demo_dir() / "autoscaling.json").read_text())
+        if (demo_dir() / "autoscaling.json").exists()
+        else {}
+    )
+    if scaling:
+        say("Autoscaling (qwen3-30b's decode pool, events in order):")
+        for line in scaling["events"]:
+            say(f"  {line}")
+        say(f"  requests refused by any replay engine: {sum(scaling['dropped'].values())}")
     summary = {
         "versions": versions,
         "placementConfigMaps": dict(placement_cms),
@@ -604,9 +615,16 @@ def cmd_summary(args: argparse.Namespace) -> int:
                    for e in eps],
         "latency": latency,
         "sglangSeries": sglang_names,
+        "autoscaling": scaling,
     }  # fmt: skip
     (demo_dir() / "summary.json").write_text(json.dumps(summary, indent=1))
     return 0
+
+
+def cmd_autoscale(args: argparse.Namespace) -> int:
+    import demo_autoscale  # imports this module's helpers
+
+    return demo_autoscale.cmd_autoscale(args)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -653,6 +671,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--baseline", type=float, default=2.0)
     s.add_argument("--timeout", type=float, default=150)
     s.set_defaults(func=cmd_load_step)
+    s = sub.add_parser("autoscale")
+    s.add_argument("--timeout", type=float, default=150, help="seconds for each step to happen")
+    s.set_defaults(func=cmd_autoscale)
     sub.add_parser("summary").set_defaults(func=cmd_summary)
     sub.add_parser("stop").set_defaults(func=cmd_stop)
     args = p.parse_args(argv)

@@ -56,7 +56,7 @@ def test_demo_runs_rebalances_and_cleans_up(tmp_path: Path) -> None:
     env.update(MOE_SANDBOX_PORT_BASE=str(BASE), MOE_SANDBOX_DIR=str(state), PYTHONUNBUFFERED="1")
     demo_dir = state / "demo"
     try:
-        result = run([], env, timeout=600)
+        result = run([], env, timeout=900)
         out = result.stdout + result.stderr
         (tmp_path / "demo.log").write_text(out)  # the whole run (pytest keeps the last tmp dirs)
         assert result.returncode == 0, out[-6000:]
@@ -98,9 +98,19 @@ def test_demo_runs_rebalances_and_cleans_up(tmp_path: Path) -> None:
         assert lat["before"]["itl"]["decode"] < 0.1 and lat["fired"]["itl"]["decode"] > 0.1, lat
         assert "load step" in out
 
+        # Autoscaling: the second deployment's decode pool scaled out on the ITL breach and back in,
+        # the leaving instance drained first, and no replay engine refused a request.
+        scaling = summary["autoscaling"]
+        reasons = [e.split(":", 1)[0] for e in scaling["events"]]
+        assert "ScaledOut" in reasons and "ScaledIn" in reasons, scaling
+        assert reasons.index("ScaledOut") < reasons.index("ScaledIn"), scaling
+        assert "DrainTimedOut" not in reasons, scaling
+        assert sum(scaling["dropped"].values()) == 0 and len(scaling["dropped"]) == 2, scaling
+        assert "autoscaling" in out and "serving 2" in out
+
         pids = {p.stem: int(p.read_text()) for p in (demo_dir / "pids").glob("*.pid")}
         pids["operator"] = int((state / "operator.pid").read_text())
-        assert len(pids) == 5, pids  # 3 replay runtimes, Prometheus, the operator
+        assert len(pids) == 7, pids  # 3 + 2 replay runtimes, Prometheus, the operator
         runtimes = json.loads((demo_dir / "targets.json").read_text())
     finally:
         down = run(["down"], env, timeout=180)
