@@ -19,7 +19,8 @@ demo() { .venv/bin/python e2e/demo/demo.py "$@"; }
 operator_running() { [ -f "$STATE/operator.pid" ] && kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null; }
 start_operator() {
   # The example asks for host networking (RDMA, KV transfer); a platform grants it per namespace.
-  nohup .venv/bin/moe-operator run --liveness "$OPERATOR_LIVENESS" --metrics-port "$OPERATOR_METRICS_PORT" \
+  # The autoscaler ticks every 5 s instead of 30 s, so the autoscaling step takes minutes, not ten.
+  MOE_AUTOSCALE_INTERVAL_S=${MOE_AUTOSCALE_INTERVAL_S:-5} nohup .venv/bin/moe-operator run --liveness "$OPERATOR_LIVENESS" --metrics-port "$OPERATOR_METRICS_PORT" \
     --webhook-port "$WEBHOOK_PORT" --host-network-namespaces default >>"$STATE/operator.log" 2>&1 &
   echo $! >"$STATE/operator.pid"
   demo wait-operator

@@ -30,7 +30,7 @@ from moe_contract.auth import DIGESTS_FILE, KEY_FIELD, instance_token
 NAME = "qwen3-30b"
 SLO_ITL_MS = 60
 STEADY, STEP, FALL = 3.0, 8.0, 2.0  # requests/s offered to the pool (one instance saturates near 8)
-SETTLE_S = 90  # how long the demo watches the SLO come back on two instances before the load falls
+SETTLE_S = 60  # how long the demo watches the SLO come back on two instances before the load falls
 
 
 def spec() -> dict[str, Any]:
