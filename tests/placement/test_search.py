@@ -248,3 +248,51 @@ def test_the_exchange_cost_sums_scenarios_exactly() -> None:
         floor[:, None, None, None, None, :],
     )
     assert (got == peak.mean(axis=5, dtype=np.float64)).all()
+
+
+@pytest.mark.parametrize(
+    ("experts", "gpus", "slots", "domains", "scen"),
+    [
+        (32, 8, 5, 8, 6),
+        (64, 16, 4, 4, 23),
+        (60, 12, 6, 3, 45),
+        (40, 10, 4, 10, 1),
+        (288, 72, 4, 9, 12),
+        (288, 72, 4, 9, 1),
+        (288, 72, 4, 9, 20),
+    ],  # the last two leave GPUs out of every pair: a floor
+)
+def test_screening_picks_the_exchange_that_scoring_every_one_picks(
+    experts: int, gpus: int, slots: int, domains: int, scen: int
+) -> None:
+    """Random rounds (shared conflict domains, with and without a floor): wherever full scoring finds
+    an exchange that counts as progress, the screened search finds the same one with the same gain,
+    and it never reports progress where full scoring finds none."""
+    from moe_placement import search as s
+
+    _, scenarios, counts, expert = _rows(experts * gpus + scen, 24, experts, gpus, slots, scen=scen)
+    bins = Bins(gpus, slots, np.arange(gpus) // (gpus // domains))
+    loads = item_loads(scenarios, counts, expert).astype(np.float32)
+    rng = np.random.default_rng(7)
+    layout = np.stack([rng.permutation(gpus * slots).reshape(gpus, slots) for _ in range(loads.shape[0])])
+    load = gpu_scenario_loads(loads, layout)
+    before = expected_peak(load)
+    reach = s.TOLERANCE * np.maximum(before, 1e-30)[:, None]
+    compared = floors = 0
+    for rnd in range(6):  # different pairings, and so different floors
+        pair = s._round_pairs(load, layout, expert, bins, experts, rnd)
+        floors += int(not np.isneginf(pair.floor).all())
+        shape = (*pair.b_items.shape, slots)
+        valid = s._allowed(pair, s._Picks.of(np.arange(int(np.prod(shape))), pair)).reshape(shape)
+        full, full_gain, _, _ = s._best_exchanges(
+            loads, pair.a_items, pair.b_items, pair.lh, pair.lp, pair.floor, valid, pair.current, None,
+            np.zeros(loads.shape[0], dtype=np.int64),
+        )  # fmt: skip
+        screened, gain, _, _ = s._screened_exchanges(loads, loads.mean(axis=2), pair, before)
+        counts_progress = full_gain > reach
+        assert np.array_equal(screened[counts_progress], full[counts_progress])
+        assert np.array_equal(gain[counts_progress], full_gain[counts_progress])
+        assert not (gain[~counts_progress] > reach.repeat(gain.shape[1], axis=1)[~counts_progress]).any()
+        compared += int(counts_progress.sum())
+    assert compared > 0
+    assert (floors > 0) == (gpus == 72)  # small rows pair every GPU; 72 GPUs leave some out
