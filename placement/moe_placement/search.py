@@ -113,15 +113,14 @@ def pair_refine(
         n = idx.size
         pair = _round_pairs(load, sub, zl_expert, bins, num_experts, rnd)
         heavy, partner, a_items, b_items = pair.heavy, pair.partner, pair.a_items, pair.b_items
-        if held is None:
-            best, best_gain, best_score, best_price = _screened_exchanges(zl, zmean, pair, before)
-        else:
-            shape = (*pair.b_items.shape, slots)  # [n, F, M, Sa, Sb]
-            valid = _allowed(pair, _Picks.of(np.arange(int(np.prod(shape))), pair)).reshape(shape)
-            price = _loads_added(held[idx], heavy, partner, pair.ea, pair.eb).reshape(n, heavy.shape[1], -1)
-            best, best_gain, best_score, best_price = _best_exchanges(
-                zl, a_items, b_items, pair.lh, pair.lp, pair.floor, valid, pair.current, price, left[idx]
-            )
+        price = (
+            None
+            if held is None
+            else _loads_added(held[idx], heavy, partner, pair.ea, pair.eb).reshape(n, heavy.shape[1], -1)
+        )
+        best, best_gain, best_score, best_price = _screened_exchanges(
+            zl, zmean, pair, before, price, left[idx]
+        )
         m_idx, rem = np.divmod(best, slots * slots)
         sa, sb = np.divmod(rem, slots)
         improving = (best_gain > TOLERANCE * np.maximum(before[:, None], 1e-30)) & np.isfinite(best_score)
@@ -290,14 +289,22 @@ def _allowed(pair: _Pairs, x: _Picks) -> BoolArray:
 
 
 def _screened_exchanges(
-    zl: AnyFloat, zmean: AnyFloat, pair: _Pairs, before: FloatArray
+    zl: AnyFloat,
+    zmean: AnyFloat,
+    pair: _Pairs,
+    before: FloatArray,
+    price: IntArray | None = None,
+    left: IntArray | None = None,
 ) -> tuple[IntArray, FloatArray, FloatArray, IntArray]:
-    """_best_exchanges without a move budget: the same answer at a fraction of the work.
+    """_best_exchanges' answer at a fraction of the work.
 
     A mean of maxima is at least the maximum of the means, so scenario means bound each
     exchange's gain from above without touching its K scenarios. Only the allowed exchanges
-    whose bound reaches the least gain that counts as progress are scored exactly (about one in
-    six at V3 shape), and exactly as _exchange_cost scores them, so the best one is the same.
+    whose bound reaches the least gain that can matter are scored exactly (about one in six at
+    V3 shape), and exactly as _exchange_cost scores them, so the best one is the same. Without
+    a budget that least gain is the one that counts as progress; with one (``price`` [n, F, J]
+    copies loaded, ``left`` [n] budget), an affordable exchange ranks by gain per copy loaded,
+    and any positive gain ranks.
     """
     n, focus, per, slots = pair.b_items.shape
     nl = np.arange(n)
@@ -311,17 +318,31 @@ def _screened_exchanges(
     if not np.isneginf(pair.floor).all():
         bound = np.maximum(bound, pair.floor.mean(axis=1)[:, None, None, None, None])
     current = pair.current[..., None, None]
-    reach = TOLERANCE * np.maximum(before, 1e-30)[:, None, None, None, None]  # the least gain that counts
-    q = np.flatnonzero(current - bound >= reach - SCREEN_SLACK * current)
-    x = _Picks.of(q, pair)
-    keep = _allowed(pair, x)
-    q = q[keep]
+    if price is None:
+        reach = TOLERANCE * np.maximum(before, 1e-30)[:, None, None, None, None]
+        kept = current - bound >= reach - SCREEN_SLACK * current
+    else:
+        assert left is not None
+        kept = (current - bound >= -SCREEN_SLACK * current) & (
+            price.reshape(bound.shape) <= left[:, None, None, None, None]
+        )
+    q = np.flatnonzero(kept)
+    q = q[_allowed(pair, _Picks.of(q, pair))]
     gain = np.full(n * focus * per * slots * slots, -np.inf)
     gain[q] = _exact_gains(zl, pair, _Picks.of(q, pair))
     shaped = gain.reshape(n, focus, -1)
-    best = np.argmax(shaped, axis=2)
+    score = (
+        shaped if price is None else np.where(shaped > 0, shaped / np.maximum(price, PRICE_FLOOR), -np.inf)
+    )
+    best = np.argmax(score, axis=2)
     best_gain = np.take_along_axis(shaped, best[..., None], axis=2)[..., 0]
-    return best, best_gain, best_gain, np.ones((n, focus), dtype=np.int64)
+    best_score = np.take_along_axis(score, best[..., None], axis=2)[..., 0]
+    best_price = (
+        np.ones((n, focus), dtype=np.int64)
+        if price is None
+        else np.take_along_axis(price, best[..., None], axis=2)[..., 0]
+    )
+    return best, best_gain, best_score, best_price
 
 
 def _exact_gains(zl: AnyFloat, pair: _Pairs, x: _Picks) -> FloatArray:
@@ -344,7 +365,7 @@ def _exact_gains(zl: AnyFloat, pair: _Pairs, x: _Picks) -> FloatArray:
     return out
 
 
-def _best_exchanges(
+def _best_exchanges(  # the reference: every exchange scored (tests hold _screened_exchanges to it)
     zl: AnyFloat,
     a_items: IntArray,
     b_items: IntArray,

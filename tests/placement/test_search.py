@@ -267,7 +267,8 @@ def test_screening_picks_the_exchange_that_scoring_every_one_picks(
 ) -> None:
     """Random rounds (shared conflict domains, with and without a floor): wherever full scoring finds
     an exchange that counts as progress, the screened search finds the same one with the same gain,
-    and it never reports progress where full scoring finds none."""
+    and it never reports progress where full scoring finds none; with a move budget, wherever an
+    exchange ranks at all, the same one, gain, score and price."""
     from moe_placement import search as s
 
     _, scenarios, counts, expert = _rows(experts * gpus + scen, 24, experts, gpus, slots, scen=scen)
@@ -278,7 +279,7 @@ def test_screening_picks_the_exchange_that_scoring_every_one_picks(
     load = gpu_scenario_loads(loads, layout)
     before = expected_peak(load)
     reach = s.TOLERANCE * np.maximum(before, 1e-30)[:, None]
-    compared = floors = 0
+    compared = floors = budgeted = 0
     for rnd in range(6):  # different pairings, and so different floors
         pair = s._round_pairs(load, layout, expert, bins, experts, rnd)
         floors += int(not np.isneginf(pair.floor).all())
@@ -294,5 +295,19 @@ def test_screening_picks_the_exchange_that_scoring_every_one_picks(
         assert np.array_equal(gain[counts_progress], full_gain[counts_progress])
         assert not (gain[~counts_progress] > reach.repeat(gain.shape[1], axis=1)[~counts_progress]).any()
         compared += int(counts_progress.sum())
-    assert compared > 0
+        # with a budget: random prices (-2..2 copies loaded) and budgets, ranked by gain per copy
+        price = rng.integers(-2, 3, size=(loads.shape[0], pair.heavy.shape[1], int(np.prod(shape[2:]))))
+        left = rng.integers(0, 3, size=loads.shape[0])
+        full, full_gain, full_score, full_price = s._best_exchanges(
+            loads, pair.a_items, pair.b_items, pair.lh, pair.lp, pair.floor, valid, pair.current, price, left
+        )
+        screened, gain, score, paid = s._screened_exchanges(
+            loads, loads.mean(axis=2), pair, before, price, left
+        )
+        ranked = np.isfinite(full_score)
+        assert np.array_equal(ranked, np.isfinite(score))
+        for got, want in ((screened, full), (gain, full_gain), (score, full_score), (paid, full_price)):
+            assert np.array_equal(got[ranked], want[ranked])
+        budgeted += int(ranked.sum())
+    assert compared > 0 and budgeted > 0
     assert (floors > 0) == (gpus == 72)  # small rows pair every GPU; 72 GPUs leave some out
