@@ -133,29 +133,23 @@ class RuntimeClient:
     def push(self, ip: str, doc: Mapping[str, Any]) -> Pushed:
         """PUT a placement document; the runtime validates it against its engine. Of the answer's
         body only a refusal's first bytes are read, within the deadline."""
-        started = time.monotonic()
         url = f"http://{ip}:{self._port}/v1/placement"
-        try:
-            with self._stream("PUT", url, json=dict(doc), headers=self._headers(ip)) as resp:
-                status = resp.status_code
-                if status == 200:
-                    return Pushed("ok", None)
-                reason = self._refusal(resp, started)
-        except httpx.HTTPError as exc:
-            return Pushed("unreachable", type(exc).__name__)
-        result = f"http_{status}" if status in PUSH_STATUSES else "http_other"
-        return Pushed(result, f"HTTP {status} {reason[:120]}")
+        return self._put(url, (200,), json=dict(doc), headers=self._headers(ip))
 
     def request_plan(self, ip: str, body: bytes) -> Pushed:
         """PUT a plan request (moe_contract.plan_wire) for the runtime to plan its own instance;
         http_404/http_405: a runtime from before it (the operator plans that instance itself)."""
-        started = time.monotonic()
         url = f"http://{ip}:{self._port}/v1/plan"
         headers = {**self._headers(ip), "Content-Type": plan_wire.MEDIA_TYPE}
+        return self._put(url, (200, 202), content=body, headers=headers)
+
+    def _put(self, url: str, accepted: tuple[int, ...], **kwargs: Any) -> Pushed:
+        """One bounded PUT: ok on an accepted status, else the status and the start of its reason."""
+        started = time.monotonic()
         try:
-            with self._stream("PUT", url, content=body, headers=headers) as resp:
+            with self._stream("PUT", url, **kwargs) as resp:
                 status = resp.status_code
-                if status in (200, 202):
+                if status in accepted:
                     return Pushed("ok", None)
                 reason = self._refusal(resp, started)
         except httpx.HTTPError as exc:
