@@ -289,9 +289,11 @@ def start_replay(
     redundant: int,
     role: str = "decode",
     request_rate: float = 2.0,
+    flags: dict[str, int] | None = None,
 ) -> subprocess.Popen[bytes]:
     """A replay runtime (the real sidecar API over a simulated engine) on a leader pod's IP, port 9400,
-    checking tokens as the pod of ``instance`` does; SGLang's /metrics on the engine port (30000)."""
+    checking tokens as the pod of ``instance`` does; SGLang's /metrics on the engine port (30000).
+    ``flags``: more replay flags, e.g. {"kv-tokens": 3440528, "prompt-tokens": 98304}."""
     args = [
         sys.executable, "-m", "moe_runtime.cli", "replay", "--host", ip, "--port", "9400",
         "--model", model, "--gpus", str(gpus), "--gpus-per-node", str(gpus_per_node),
@@ -299,4 +301,6 @@ def start_replay(
         "--tokens-per-pass", "1024", "--planner", "off", "--token-file", str(token_file), "--role", role,
         "--instance", instance, "--request-rate", str(request_rate),
     ]  # fmt: skip
+    for flag, value in (flags or {}).items():
+        args += [f"--{flag}", str(value)]
     return subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)

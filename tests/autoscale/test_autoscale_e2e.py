@@ -1,10 +1,14 @@
 """The autoscaler end to end: real sandbox, real operator, one replay engine per instance leader.
 
-The replay engines' latency follows their offered load (moe_runtime/replay/load.py); the test
-plays the router: it spreads a total request rate over the instances status.autoscaling lists
-as serving, and sends nothing to the others. A load step breaches the ITL SLO -> a second
-instance is created, listed once ready, and the SLO holds again; the load falls -> the second
-instance is taken off the list, finishes what it runs, and only then is its group removed.
+The replay engines' latency and KV use follow their offered load (moe_runtime/replay/load.py);
+the test plays the router: it spreads a total request rate over the instances
+status.autoscaling lists as serving, and sends nothing to the others.
+- A load step breaches the ITL SLO -> a second instance is created, listed once ready, and the
+  SLO holds again; the load falls -> the second instance is taken off the list, finishes what it
+  runs, and only then is its group removed.
+- Long prompts at a fixed rate fill the KV cache of one-node decode instances (each replay holds
+  the KV tokens the operator's memory model gives that width) while their ITL is inside the SLO
+  -> the pool is KV-bound, and a two-node instance, which holds more KV per GPU, is recommended.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,8 @@ import pytest
 import yaml
 
 from moe_contract.auth import instance_token
+from moe_operator.api.spec import MoEDeploymentSpec
+from moe_operator.validation.memory_rules import kv_tokens_at_width
 from moe_sandbox.testing import wait_for
 from operator_harness import OperatorProcess, moed_path, runtime_credentials, start_replay
 
@@ -27,6 +34,108 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 SLO_ITL = 0.06
+
+
+@dataclass
+class Router:
+    """Plays the router for one pool: a replay engine on each new leader, the load spread over the
+    instances status lists as serving (nothing to the others)."""
+
+    api: httpx.Client
+    namespace: str
+    name: str
+    pool: str
+    folder: Path
+    replay: dict[str, Any]  # start_replay's engine arguments
+    rate: float = 0.0
+    replays: dict[str, tuple[str, subprocess.Popen[bytes]]] = field(default_factory=dict)
+    timeline: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        wait_for(
+            lambda: self.api.get(f"/api/v1/namespaces/{self.namespace}/secrets/{self.name}-runtime-token")
+            .status_code == 200, 60, what="the runtime token Secret",
+        )  # fmt: skip
+        self.token_file, self.key = runtime_credentials(
+            self.api, self.namespace, self.name, self.folder / "token"
+        )
+        self.start = time.monotonic()
+
+    def status(self) -> dict[str, Any]:
+        st = self.api.get(moed_path(self.namespace, self.name)).json().get("status") or {}
+        out: dict[str, Any] = (st.get("autoscaling") or {}).get(self.pool) or {}
+        return out
+
+    def ip(self, instance: str) -> str:
+        return self.replays[instance][0]
+
+    def replay_state(self, instance: str) -> dict[str, Any]:
+        body: dict[str, Any] = httpx.get(f"http://{self.ip(instance)}:9400/v1/replay", timeout=5).json()[
+            "load"
+        ]
+        return body
+
+    def play(self) -> dict[str, Any]:
+        """Start a replay engine on each new leader; offer the load to the serving instances only."""
+        selector = (
+            f"moe.inference.dev/deployment={self.name},moe.inference.dev/pool={self.pool},"
+            "apps.kubernetes.io/pod-index=0"
+        )
+        pods = self.api.get(f"/api/v1/namespaces/{self.namespace}/pods", params={"labelSelector": selector})
+        for pod in pods.json()["items"]:
+            ip, pod_name = pod["status"].get("podIP"), pod["metadata"]["name"]
+            instance = pod_name.rsplit("-", 1)[0]
+            if ip and instance not in self.replays and not pod["metadata"].get("deletionTimestamp"):
+                log = self.folder / f"{instance}.log"
+                proc = start_replay(
+                    ip, self.token_file, log, instance=instance, request_rate=0.0, **self.replay
+                )
+                self.replays[instance] = (ip, proc)
+                time.sleep(1.0)
+        st = self.status()
+        serving = int(st.get("serving") or 1)
+        for instance, (ip, _) in self.replays.items():
+            index = int(instance.rsplit("-", 1)[1])
+            rate = self.rate / serving if index < serving else 0.0
+            auth = {"Authorization": f"Bearer {instance_token(self.key, instance)}"}
+            with contextlib.suppress(httpx.HTTPError):  # not listening yet
+                httpx.post(
+                    f"http://{ip}:9400/v1/replay/load", json={"requestRate": rate}, headers=auth, timeout=5
+                )
+        self.timeline.append(
+            f"t={time.monotonic() - self.start:5.1f}s rate={self.rate} instances={st.get('instances')} "
+            f"serving={st.get('serving')} reason={st.get('reason')} latency={st.get('latency')} "
+            f"tokenUsage={st.get('tokenUsage')} wider={st.get('recommendedNodesPerReplica')}"
+        )
+        return st
+
+    def events(self) -> list[str]:
+        items = self.api.get(f"/api/v1/namespaces/{self.namespace}/events").json()["items"]
+        return [
+            f"{e['reason']}: {e.get('message', '')}"
+            for e in items
+            if e["involvedObject"].get("name") == self.name
+        ]
+
+    def stop(self) -> None:
+        for _, proc in self.replays.values():
+            proc.terminate()
+        for _, proc in self.replays.values():
+            proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def playing(router: Router, moe_operator: OperatorProcess) -> Any:
+    """The router while the test runs; on failure, what it saw, the events and the operator's log."""
+    try:
+        yield router
+    except BaseException:
+        print("\n".join(router.timeline[-60:]))
+        print("\n".join(router.events()))
+        print(moe_operator.tail())
+        raise
+    finally:
+        router.stop()
 
 
 def test_scale_out_on_breach_then_drain_and_scale_in(
@@ -43,101 +152,84 @@ def test_scale_out_on_breach_then_drain_and_scale_in(
         "drainTimeout": "5m", "burstMemory": "1m",
     }  # fmt: skip
     assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
+    engine = {"model": "qwen3-30b-a3b", "gpus": 8, "gpus_per_node": 8, "redundant": 8, "role": "standalone"}
+    router = Router(api, deployed, name, "decode", tmp_path, engine, rate=3.0)
     pods_path = f"/api/v1/namespaces/{deployed}/pods"
     selector = f"moe.inference.dev/deployment={name},apps.kubernetes.io/pod-index=0"
-    wait_for(lambda: api.get(f"/api/v1/namespaces/{deployed}/secrets/{name}-runtime-token").status_code == 200,
-             60, what="the runtime token Secret")  # fmt: skip
-    token_file, key = runtime_credentials(api, deployed, name, tmp_path / "token")
-    replays: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # instance -> (ip, process)
-    total = {"rate": 3.0}
-    timeline: list[str] = []
-    start = time.monotonic()
-
-    def status() -> dict[str, Any]:
-        st = api.get(moed_path(deployed, name)).json().get("status") or {}
-        out: dict[str, Any] = (st.get("autoscaling") or {}).get("decode") or {}
-        return out
-
-    def replay_state(instance: str) -> dict[str, Any]:
-        ip = replays[instance][0]
-        body: dict[str, Any] = httpx.get(f"http://{ip}:9400/v1/replay", timeout=5).json()["load"]
-        return body
-
-    def play_router() -> dict[str, Any]:
-        """Start a replay engine on each new leader; offer the load to the serving instances only."""
-        for pod in api.get(pods_path, params={"labelSelector": selector}).json()["items"]:
-            ip, pod_name = pod["status"].get("podIP"), pod["metadata"]["name"]
-            instance = pod_name.rsplit("-", 1)[0]
-            if ip and instance not in replays and not pod["metadata"].get("deletionTimestamp"):
-                proc = start_replay(
-                    ip, token_file, tmp_path / f"{instance}.log", instance=instance, model="qwen3-30b-a3b",
-                    gpus=8, gpus_per_node=8, redundant=8, role="standalone", request_rate=0.0,
-                )  # fmt: skip
-                replays[instance] = (ip, proc)
-                time.sleep(1.0)
-        st = status()
-        serving = int(st.get("serving") or 1)
-        for instance, (ip, _) in replays.items():
-            index = int(instance.rsplit("-", 1)[1])
-            rate = total["rate"] / serving if index < serving else 0.0
-            auth = {"Authorization": f"Bearer {instance_token(key, instance)}"}
-            with contextlib.suppress(httpx.HTTPError):  # not listening yet
-                httpx.post(
-                    f"http://{ip}:9400/v1/replay/load", json={"requestRate": rate}, headers=auth, timeout=5
-                )
-        timeline.append(
-            f"t={time.monotonic() - start:5.1f}s rate={total['rate']} instances={st.get('instances')} "
-            f"serving={st.get('serving')} reason={st.get('reason')} latency={st.get('latency')}"
-        )
-        return st
-
-    def events() -> list[str]:
-        items = api.get(f"/api/v1/namespaces/{deployed}/events").json()["items"]
-        return [
-            f"{e['reason']}: {e.get('message', '')}" for e in items if e["involvedObject"].get("name") == name
-        ]
-
-    try:
+    with playing(router, moe_operator):
         # steady: 3 requests/s on one instance is well inside the SLO
-        wait_for(lambda: play_router().get("reason") in ("steady", "cooldown") and play_router().get("latency"),
+        wait_for(lambda: router.play().get("reason") in ("steady", "cooldown") and router.play().get("latency"),
                  120, interval=1, what="the autoscaler measuring one steady instance")  # fmt: skip
-        assert status()["instances"] == 1
+        assert router.status()["instances"] == 1
         # a load step past one instance's capacity at the SLO: scale out, listed once ready, SLO holds
-        total["rate"] = 9.0
-        wait_for(lambda: play_router().get("serving") == 2, 120, interval=1, what="a second instance serving")
-        assert any(e.startswith("ScalingOut") for e in events()) and any(
-            e.startswith("ScaledOut") for e in events()
+        router.rate = 9.0
+        wait_for(lambda: router.play().get("serving") == 2, 120, interval=1, what="a second instance serving")
+        assert any(e.startswith("ScalingOut") for e in router.events()) and any(
+            e.startswith("ScaledOut") for e in router.events()
         )
 
         def itl_inside() -> bool:
-            latency = play_router().get("latency") or {}
+            latency = router.play().get("latency") or {}
             return latency.get("itl") is not None and latency["itl"] <= SLO_ITL
 
         wait_for(itl_inside, 60, interval=1, what="the ITL SLO holding on two instances")
         # load falls: the second instance is drained (off the router), then removed
-        total["rate"] = 2.0
-        wait_for(lambda: play_router().get("reason") == "draining", 240, interval=1, what="a drain")
-        assert status()["instances"] == 2 and status()["serving"] == 1
+        router.rate = 2.0
+        wait_for(lambda: router.play().get("reason") == "draining", 240, interval=1, what="a drain")
+        assert router.status()["instances"] == 2 and router.status()["serving"] == 1
         wait_for(
-            lambda: play_router().get("instances") == 1, 120, interval=1, what="the drained instance removed"
+            lambda: router.play().get("instances") == 1, 120, interval=1, what="the drained instance removed"
         )
-        said = events()
+        said = router.events()
         assert any(e.startswith("ScaledIn") for e in said), said
         assert not any(e.startswith("DrainTimedOut") for e in said), said
-        leaving = replay_state(f"{name}-decode-1")
+        leaving = router.replay_state(f"{name}-decode-1")
         assert leaving["running"] == 0 and leaving["queued"] == 0  # nothing was cut off
-        assert all(replay_state(i)["dropped"] == 0 for i in replays)  # no request refused anywhere
+        assert all(router.replay_state(i)["dropped"] == 0 for i in router.replays)  # no request refused
         wait_for(
             lambda: len(api.get(pods_path, params={"labelSelector": selector}).json()["items"]) == 1,
             60, what="the second instance's pods gone",
         )  # fmt: skip
-    except BaseException:
-        print("\n".join(timeline[-60:]))
-        print("\n".join(events()))
-        print(moe_operator.tail())
-        raise
-    finally:
-        for _, proc in replays.values():
-            proc.terminate()
-        for _, proc in replays.values():
-            proc.wait(timeout=10)
+
+
+def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_recommends_a_wider_instance(
+    api: httpx.Client, deployed: str, moe_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-pd-h100.yaml").read_text())
+    name = obj["metadata"]["name"]
+    spec = obj["spec"]
+    spec["monitoring"] = {"podMonitor": False, "prometheusRule": False}
+    spec["decode"].update(nodesPerReplica=2, replicas=1)
+    spec["decode"]["autoscaling"] = {
+        "mode": "Operator", "minReplicas": 1, "maxReplicas": 2, "nodesPerReplicaOptions": [4],
+        "slo": {"itl": f"{int(SLO_ITL * 1000)}ms", "percentile": 90},
+        "bootTime": "30s", "scaleOutCooldown": "10s", "scaleInCooldown": "10m", "scaleInWindow": "10m",
+    }  # fmt: skip
+    checked = MoEDeploymentSpec.model_validate(spec)
+    narrow, wide = kv_tokens_at_width(checked, "decode", 2), kv_tokens_at_width(checked, "decode", 4)
+    assert wide > 2 * narrow > 0  # the premise: a wider instance holds more KV per GPU
+    assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
+    # prompts of 16k tokens: about 90 requests fill a two-node instance's KV (the operator's memory
+    # model at that width), where a batch decodes in ~30 ms: KV binds long before compute
+    engine = {
+        "model": "deepseek-v3", "gpus": 16, "gpus_per_node": 8, "redundant": 32, "role": "decode",
+        "flags": {"kv-tokens": narrow, "prompt-tokens": 16384, "max-running": 512, "itl-per-request": 0.0001},
+    }  # fmt: skip
+    router = Router(api, deployed, name, "decode", tmp_path, engine, rate=55.0)
+    with playing(router, moe_operator):
+        wait_for(lambda: router.play().get("serving") == 2, 180, interval=1, what="a second instance serving")
+        wait_for(
+            lambda: router.play().get("recommendedNodesPerReplica") == 4, 180, interval=1,
+            what="the pool KV-bound with a four-node instance recommended",
+        )  # fmt: skip
+        st = router.status()
+        assert st["tokenUsage"] > 0.85 and st["instances"] == 2  # maxReplicas holds it at two
+        latency = st.get("latency") or {}
+        assert latency.get("itl") is not None and latency["itl"] <= SLO_ITL  # compute is not what binds
+        states = [router.replay_state(instance) for instance in router.replays]
+        assert all(s["kv_tokens"] == narrow and s["running"] < 512 and s["too_long"] == 0 for s in states), (
+            states
+        )
+        assert any(s["queued"] > 0 for s in states), states  # requests wait for KV, not for a batch slot
+        said = router.events()
+        assert any(e.startswith("WiderInstanceRecommended") and "4 node" in e for e in said), said

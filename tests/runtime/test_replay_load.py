@@ -77,3 +77,49 @@ def test_offered_load_is_bounded_and_finite() -> None:
     model.set_rate(0.0)
     run(model, 0.0, 10.0)
     assert model.observed_copy().finished == {True: 0, False: 0}
+
+
+def test_kv_room_binds_before_compute_and_a_larger_pool_relieves_it() -> None:
+    """Long prompts at a fixed rate: a small KV pool (a narrow instance) fills while compute idles,
+    requests queue and the first token waits, token usage sits near 1; four times the pool (a
+    wider instance holds more KV per GPU) serves the same load with no queue."""
+    narrow = 32 * (8192 + 128)
+    runs = {}
+    for kv in (narrow, 4 * narrow):
+        model = LoadModel(
+            LoadConfig(request_rate=6.0, prompt_tokens=8192, kv_tokens=kv), "decode", BUCKETS, now=0.0
+        )
+        run(model, 0.0, 90.0)
+        obs, snap = model.observed_copy(), model.snapshot()
+        runs[kv] = (snap, quantile(obs.ttft[True], 0.9), quantile(obs.itl, 0.9))
+        assert model.reserved <= kv  # admission never over-commits the pool
+    (tight, ttft_tight, itl_tight), (roomy, ttft_roomy, itl_roomy) = runs[narrow], runs[4 * narrow]
+    print(f"narrow: {tight}, p90 TTFT {ttft_tight:.2f} s, ITL {itl_tight:.3f} s")
+    print(f"wide:   {roomy}, p90 TTFT {ttft_roomy:.2f} s, ITL {itl_roomy:.3f} s")
+    assert tight.token_usage > 0.8 and tight.queued > 50 and tight.running < 64  # KV full, batch not
+    assert itl_tight <= itl_roomy and ttft_tight > 3 * ttft_roomy  # compute is fine; the wait is for KV
+    assert roomy.queued < 5 and roomy.token_usage < 0.5
+
+
+def test_token_usage_counts_what_running_requests_hold_and_returns_to_zero() -> None:
+    model = LoadModel(
+        LoadConfig(request_rate=4.0, max_running=8, kv_tokens=10**9), "decode", BUCKETS, now=0.0
+    )
+    t = run(model, 0.0, 20.0)
+    busy = model.snapshot()
+    held = sum(prompt + model.passes - first for _, _, _, prompt, first in model.running)
+    assert busy.running > 0 and busy.token_usage == pytest.approx(held / 10**9)
+    model.set_rate(0.0)
+    run(model, t, 120.0)
+    assert model.snapshot().running == 0 and model.snapshot().token_usage == 0.0
+    assert model.reserved == 0 and model.held_base == 0
+
+
+def test_a_request_longer_than_the_pool_is_refused_on_arrival_not_queued_forever() -> None:
+    model = LoadModel(
+        LoadConfig(request_rate=0.5, prompt_tokens=4096, kv_tokens=8192), "decode", BUCKETS, now=0.0
+    )
+    run(model, 0.0, 120.0)
+    finished = model.observed_copy().finished
+    assert model.too_long >= 2  # about one prompt in eight of mean 4096 tokens exceeds 8192 with its output
+    assert finished[True] + finished[False] > 30 and model.snapshot().queued < 5

@@ -2,14 +2,26 @@
 
 A stand-in for SGLang's scheduler, small enough to reason about: requests arrive as a
 Poisson stream at the offered rate, wait in a queue, and run in one continuously batched
-engine of at most ``max_running`` requests. A forward pass takes
+engine of at most ``max_running`` requests whose KV cache fits in ``kv_tokens`` (SGLang's
+max_total_num_tokens, which the instance's width sets: the weights a GPU holds leave the
+rest of its memory to KV). A request is admitted when its prompt and output fit beside what
+the running ones reserved; SGLang reserves the output as an estimate (max_new_tokens times
+a new_token_ratio that starts at SGLANG_INIT_NEW_TOKEN_RATIO, 0.7) and retracts requests
+when decode runs out, while the replay's requests know their length, so it never retracts.
+``sglang:token_usage`` is the tokens held (prompts and the tokens generated so far) over
+``kv_tokens``, as SGLang reports it. A request that cannot fit even alone is refused on
+arrival (SGLang refuses a prompt longer than the pool). A forward pass takes
 ``itl_base_s + itl_per_request_s * running`` (decode gets slower as the batch grows) plus,
 on standalone servers, the prefill of the requests admitted in it. Every running request
 gets one token per pass. So, as on a real engine, the time to first token is queueing plus
 one pass (plus the prefill, done on the prefill server in P/D), and the inter-token latency
 is the pass time: both rise with offered load, slowly below the engine's capacity and
 without bound above it (the queue grows). The defaults make ~8 requests/s saturate one
-instance (ITL ~120 ms at 128 running), 2 requests/s run at ~25 ms ITL and ~50 ms TTFT.
+instance (ITL ~120 ms at 128 running), 2 requests/s run at ~25 ms ITL and ~50 ms TTFT; their
+KV pool holds 128 requests of mean length, so the batch cap binds first. With long prompts,
+or a narrow instance's small pool, KV binds first: requests queue while compute is idle, the
+time to first token grows and token usage stays near 1, the signature of KV starvation that
+a wider instance (more KV per GPU) relieves.
 
 Observed as SGLang observes them (sglang/srt/managers/tokenizer_manager.py, collect_metrics):
 time to first token and inter-token latency only on decode and standalone servers (a P/D
@@ -42,6 +54,7 @@ class LoadConfig:
     prompt_tokens: int = 1024  # mean (geometric)
     output_tokens: int = 128  # mean (geometric); a P/D prefill server produces 1
     max_running: int = 128
+    kv_tokens: int = 128 * (1024 + 128)  # the KV pool, tokens: 128 requests of mean length
     itl_base_s: float = 0.02
     itl_per_request_s: float = 0.0008
     prefill_tokens_per_s: float = 40_000.0
@@ -107,9 +120,14 @@ class LoadModel:
             e2e={s: Histogram(buckets["e2e"]) for s in (True, False)},
         )
         self.queue: deque[tuple[float, int, int, bool]] = deque()  # arrival, prompt, output, stream
-        self.running: list[tuple[int, float, bool]] = []  # heap: finishing pass, arrival, stream
+        # heap: finishing pass, arrival, stream, prompt tokens, first pass (output = finishing - first + 1)
+        self.running: list[tuple[int, float, bool, int, int]] = []
+        self.reserved = 0  # KV tokens the running requests reserved
+        # tokens held = this + running * passes: the sum over running requests of prompt - first pass
+        self.held_base = 0
         self.passes = 0
         self.dropped = 0
+        self.too_long = 0  # requests refused on arrival: longer than the whole KV pool
         self.clock = now  # the simulation's time; passes end at or after the wall clock
         self.arrived_until = now
         self._tokens_window: deque[tuple[float, int]] = deque()
@@ -136,7 +154,11 @@ class LoadModel:
                 continue
             output = 1 if self.role == "prefill" else self._length(c.output_tokens)
             stream = bool(self.rng.random() < c.streaming_share)
-            self.queue.append((t, self._length(c.prompt_tokens), output, stream))
+            prompt = self._length(c.prompt_tokens)
+            if prompt + output > c.kv_tokens:
+                self.too_long += 1
+                continue
+            self.queue.append((t, prompt, output, stream))
         self.arrived_until = now
 
     def advance(self, now: float) -> None:
@@ -159,11 +181,13 @@ class LoadModel:
             self.queue
             and self.queue[0][0] <= self.clock
             and len(self.running) + len(admitted) < c.max_running
+            and self.reserved + self.queue[0][1] + self.queue[0][2] <= c.kv_tokens
         ):
             if self.role == "prefill" and admitted and self.queue[0][1] > budget:
                 break
             req = self.queue.popleft()
             budget -= req[1]
+            self.reserved += req[1] + req[2]
             admitted.append(req)
         decoding = len(self.running)
         prefill_tokens = sum(r[1] for r in admitted)
@@ -179,10 +203,13 @@ class LoadModel:
             if self.role != "prefill":
                 remote = prompt / c.prefill_tokens_per_s if self.role == "decode" else 0.0
                 obs.ttft[stream].observe(end - arrival + remote)
-            heapq.heappush(self.running, (self.passes + output - 1, arrival, stream))
+            heapq.heappush(self.running, (self.passes + output - 1, arrival, stream, prompt, self.passes))
+            self.held_base += prompt - self.passes
         produced = decoding + len(admitted)
         while self.running and self.running[0][0] <= self.passes:
-            _, arrival, stream = heapq.heappop(self.running)
+            finish, arrival, stream, prompt, first = heapq.heappop(self.running)
+            self.reserved -= prompt + finish - first + 1
+            self.held_base -= prompt - first
             obs.e2e[stream].observe(end - arrival)
             obs.finished[stream] += 1
         self._tokens_window.append((end, produced))
@@ -195,13 +222,9 @@ class LoadModel:
         with self._lock:
             tokens = sum(n for _, n in self._tokens_window)
             running = len(self.running)
-            c = self.config
-            kv = (
-                running
-                * (c.prompt_tokens + c.output_tokens / 2)
-                / (c.max_running * (c.prompt_tokens + c.output_tokens))
-            )
-            return Snapshot(running, len(self.queue), tokens / 5.0, min(1.0, kv), self.rate)
+            held = self.held_base + running * self.passes  # prompts and the tokens generated so far
+            usage = held / self.config.kv_tokens
+            return Snapshot(running, len(self.queue), tokens / 5.0, min(1.0, usage), self.rate)
 
     def observed_copy(self) -> Observed:
         """A consistent copy for a scrape (the replay thread keeps observing meanwhile)."""

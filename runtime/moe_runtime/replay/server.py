@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import signal
 import tempfile
 import threading
@@ -108,6 +109,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--request-rate", type=float, default=LoadConfig.request_rate, help="offered requests/s")
     p.add_argument("--max-running", type=int, default=LoadConfig.max_running, help="batch size cap")
+    p.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=LoadConfig.kv_tokens,
+        help="the KV pool in tokens (SGLang's max_total_num_tokens; the instance's width sets it)",
+    )
+    p.add_argument(
+        "--itl-per-request",
+        type=float,
+        default=LoadConfig.itl_per_request_s,
+        help="seconds a decode pass gains per running request (a wider instance spreads its batch over more GPUs)",
+    )
+    p.add_argument("--prompt-tokens", type=int, default=LoadConfig.prompt_tokens, help="mean prompt length")
+    p.add_argument("--output-tokens", type=int, default=LoadConfig.output_tokens, help="mean output length")
 
 
 def _pick(*values: Any) -> Any:
@@ -180,7 +195,21 @@ def options_from_args(args: argparse.Namespace, cfg: EngineConfig | None) -> Rep
         ep_size=gpus,
         report_balancedness=opts.auto_record,
     )
-    load = LoadConfig(request_rate=args.request_rate, max_running=args.max_running, seed=args.seed)
+    for flag in ("max_running", "kv_tokens", "prompt_tokens", "output_tokens"):
+        value = getattr(args, flag)
+        if not 1 <= value <= 1 << 40:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be an integer in [1, 2**40], got {value}")
+    if not (math.isfinite(args.itl_per_request) and 0 <= args.itl_per_request <= 1):
+        raise ConfigError(f"--itl-per-request must be seconds in [0, 1], got {args.itl_per_request}")
+    load = LoadConfig(
+        request_rate=args.request_rate,
+        max_running=args.max_running,
+        itl_per_request_s=args.itl_per_request,
+        kv_tokens=args.kv_tokens,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        seed=args.seed,
+    )
     return ReplaySetup(opts, settings, identity, labels, load, role)
 
 
@@ -337,6 +366,9 @@ def replay_routes(engine: ReplayEngine, load: LoadModel) -> list[web.RouteDef]:
                     "running": snap.running,
                     "queued": snap.queued,
                     "dropped": load.dropped,
+                    "too_long": load.too_long,
+                    "token_usage": snap.token_usage,
+                    "kv_tokens": load.config.kv_tokens,
                 },
                 "last_decision": {"source": d.source, "version": d.version, "reason": d.reason}
                 if d
