@@ -41,6 +41,12 @@ def test_model_round_trips() -> None:
         lambda d: d.update(rates=[[NOW + 10_000, 1.0]]),  # from the future
         lambda d: d.update(surge="lots"),
         lambda d: d.update(lastOut=True),
+        # integers too large for a float (hundreds of digits fit the field): no OverflowError
+        lambda d: d.update(queued=10**400),
+        lambda d: d.update(surge=10**400),
+        lambda d: d.update(lastOut=10**400),
+        lambda d: d["rates"][0].__setitem__(1, 10**400),
+        lambda d: d["fits"]["itl"].__setitem__(3, 10**400),
     ],
 )
 def test_a_tampered_model_starts_over(mutate) -> None:  # type: ignore[no-untyped-def]

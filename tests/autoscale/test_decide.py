@@ -180,3 +180,15 @@ def test_a_pod_reporting_absurd_but_finite_numbers_cannot_break_the_decision() -
         assert 1 <= d.instances <= POLICY.max_instances
         d = decide_pool(POLICY, d.state, PoolObservation(30.0, 2, rate, {"itl": itl}, 1.0, queued))
         assert 1 <= d.instances <= POLICY.max_instances
+
+
+def test_a_surge_is_never_remembered_past_what_the_largest_pool_serves() -> None:
+    """A glitch (or a forged counter) of millions of requests/s for a few intervals is a surge no
+    pool can serve: remembered as that, it would hold maxReplicas for days while it fades."""
+    state = _steady(2, 2.0)
+    spike = _run(state, [(630 + 30 * i, 2e6, 2) for i in range(3)])
+    capacity = POLICY.max_instances * FIT.rate_at(0.06) * POLICY.headroom
+    assert spike.state.surge <= capacity + 1e-9
+    # one burst-memory half-life later the remembered surge no longer needs the whole pool
+    later = _run(spike.state, [(630 + POLICY.surge_half_life_s + 30 * i, 2.0, 2) for i in range(3)])
+    assert later.need < POLICY.max_instances

@@ -112,6 +112,8 @@ def test_quantile_follows_prometheus() -> None:
         ('sglang:time_to_first_token_seconds_bucket{le="1e-310"} 5\n', "not a latency"),
         ('sglang:time_to_first_token_seconds_bucket{le="-5"} 5\n', "not a latency"),
         ("".join(f'sglang:num_running_reqs{{r="{i}"}} 1\n' for i in range(5000)), "series"),
+        # the parser's cost grows with the square of one line's labels: refused before parsing
+        ("sglang:num_running_reqs{" + ",".join(f'l{i}="v"' for i in range(100_000)) + "} 1\n", "longer"),
     ],
 )
 def test_hostile_metrics_are_refused_with_a_reason(text: str, message: str) -> None:
@@ -139,3 +141,22 @@ def test_histograms_of_a_pool_add_up() -> None:
     merged = s.merged([a, None, b])
     assert merged is not None and merged.counts == (4.0, 6.0)
     assert s.merged([None]) is None
+
+
+def test_rates_and_queues_no_engine_has_are_no_interval() -> None:
+    """A forged counter leap or queue gauge is dropped, not summed into the pool's load."""
+    old = s.parse(_page(100, [("0.1", 10), ("+Inf", 20)]), at=0.0)
+    leap = s.parse(_page(100 + 30 * 2e4, [("0.1", 10), ("+Inf", 20)]), at=30.0)  # 20,000 requests/s
+    assert s.between(old, leap) is None
+    crowded = s.parse(_page(160, [("0.1", 10), ("+Inf", 20)], running=4e9), at=30.0)  # 8e9 running
+    assert s.between(old, crowded) is None
+    assert s.between(old, s.parse(_page(160, [("0.1", 10), ("+Inf", 20)]), at=30.0)) is not None
+
+
+def test_one_instance_claiming_millions_of_fast_observations_cannot_hide_a_breach() -> None:
+    slow = s.Histogram((0.05, 0.1, math.inf), (0.0, 0.0, 3000.0))  # every token past 100 ms
+    liar = s.Histogram((0.05, 0.1, math.inf), (1e7, 1e7, 1e7))  # ten million under 50 ms
+    pool = s.merged([liar, slow, slow])
+    assert pool is not None and pool.quantile(0.9) is not None and pool.quantile(0.9) >= 0.1
+    honest = s.merged([slow, slow, s.Histogram((0.05, 0.1, math.inf), (4000.0, 4000.0, 4000.0))])
+    assert honest is not None and honest.counts[-1] == 10000.0  # an even pool adds up as before

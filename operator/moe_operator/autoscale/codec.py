@@ -20,6 +20,7 @@ from .scale import Scale, Step
 
 MAX_RATES = 480  # two hours of 15 s ticks
 MAX_MODEL_CHARS = 16384
+MAX_NUMBER = 1e12  # rates, queue and surge in the stored model
 METRICS = ("ttft", "itl")
 
 
@@ -37,11 +38,17 @@ def _epoch(value: Any) -> float | None:
 
 
 def _num(value: Any, low: float = 0.0, high: float = 1e12) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("not a number")
+    try:
+        number = float(value)  # a JSON integer of hundreds of digits does not fit a float
+    except OverflowError:
+        raise ValueError("not a finite number") from None
+    if not math.isfinite(number):
         raise ValueError("not a finite number")
-    if not low <= value <= high:
-        raise ValueError(f"{value} outside [{low}, {high}]")
-    return float(value)
+    if not low <= number <= high:
+        raise ValueError(f"{number} outside [{low}, {high}]")
+    return number
 
 
 def _fit(raw: Any) -> Fit:
@@ -75,7 +82,7 @@ def read_model(text: str, metrics: tuple[str, ...], now: float) -> PoolState | N
         if not isinstance(rates_raw, list) or len(rates_raw) > MAX_RATES:
             return None
         pairs = [
-            (_num(p[0], 0, now + 60), _num(p[1], 0, 1e12))
+            (_num(p[0], 0, now + 60), _num(p[1], 0, MAX_NUMBER))
             for p in rates_raw
             if isinstance(p, list) and len(p) == 2
         ]
@@ -93,21 +100,22 @@ def read_model(text: str, metrics: tuple[str, ...], now: float) -> PoolState | N
             rates=rates,
             last_out=opt("lastOut"),
             last_in=opt("lastIn"),
-            queued=_num(doc.get("queued", 0.0), 0, 1e12),
-            surge=_num(doc.get("surge", 0.0), 0, 1e12),
+            queued=_num(doc.get("queued", 0.0), 0, MAX_NUMBER),
+            surge=_num(doc.get("surge", 0.0), 0, MAX_NUMBER),
         )
-    except (ValueError, TypeError, IndexError, RecursionError):
+    except (ValueError, TypeError, IndexError, RecursionError, ArithmeticError):
         return None
 
 
 def write_model(state: PoolState) -> str:
     doc = {
         "fits": {m: [f.base_s, f.mu, *f.sums, f.samples] for m, f in sorted(state.fits.items())},
-        "rates": [[round(t, 1), round(r, 4)] for t, r in state.rates[-MAX_RATES:]],
+        # clamped to what read_model accepts, so the operator never rejects its own state
+        "rates": [[round(t, 1), round(min(r, MAX_NUMBER), 4)] for t, r in state.rates[-MAX_RATES:]],
         "lastOut": state.last_out,
         "lastIn": state.last_in,
-        "queued": round(state.queued, 3),
-        "surge": round(state.surge, 4),
+        "queued": round(min(state.queued, MAX_NUMBER), 3),
+        "surge": round(min(state.surge, MAX_NUMBER), 4),
     }
     return json.dumps(doc, separators=(",", ":"))
 

@@ -125,6 +125,12 @@ def _surge(
     return max(decayed, rise, 0.0)
 
 
+def _capacity(policy: PoolPolicy, fits: dict[str, Fit]) -> float:
+    """Requests/s one instance serves with every objective at its SLO times the headroom."""
+    rates = [fits[o.metric].rate_at(o.slo_s) * policy.headroom for o in policy.objectives]
+    return max(0.0, min(rates, default=0.0))
+
+
 def _need(policy: PoolPolicy, fits: dict[str, Fit], rate: float) -> tuple[int, str]:
     """Instances that serve ``rate`` with every objective at its SLO times the headroom."""
     need, bound = 0, "idle"
@@ -198,6 +204,8 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
     rates = (*tuple((t, r) for t, r in state.rates if now - t <= keep), (now, offered))
     smooth = _smoothed(rates)
     surge = _surge(state, smooth, now, policy.boot_s, policy.surge_half_life_s)
+    # a surge past what the largest pool serves buys nothing, and would take days to fade
+    surge = min(surge, policy.max_instances * _capacity(policy, fits))
     base_level = min(r for t, r in smooth if now - t <= policy.boot_s)
     ahead = max(offered, base_level + surge)
     recent = max(r for t, r in rates if now - t <= policy.scale_in_window_s)

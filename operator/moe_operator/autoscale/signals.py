@@ -37,6 +37,12 @@ MAX_BUCKETS = 64  # SGLang's longest default has 23 bounds
 MAX_VALUE = 1e12  # a count or gauge beyond it is no engine's (1e12 requests at 1e4/s is three years)
 MAX_SERIES = 4096  # per name: one per scheduler rank and label set; the widest world is 2048 ranks
 BOUND_RANGE = (1e-6, 1e4)  # seconds: a latency bucket outside it is no SGLang bucket
+# SGLang's lines carry a handful of labels (model name, ranks, is_streaming, le): well under 1 KB.
+# The parser's cost grows with the square of a line's labels, so a longer line is refused unparsed.
+MAX_LINE = 4096
+MAX_RATE = 1e4  # finished requests/s of one instance: beyond any engine (as model.MAX_RATE)
+MAX_IN_ENGINE = 1e6  # requests running, queued or in hand-off on one instance: beyond any engine's memory
+WEIGHT_CAP = 2.0  # one instance's observations count at most this many times the lower median's
 
 
 class ExpositionError(ValueError):
@@ -138,7 +144,10 @@ def parse(text: str, at: float) -> Scrape:
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     # Only the wanted series' lines reach the (pure-Python, slow) parser: a peer's 8 MB of
     # anything else costs a scan, not a parse. Comments go too: samples are matched by name.
-    kept = "\n".join(line for line in text.splitlines() if line.startswith(WANTED_PREFIXES))
+    lines = [line for line in text.splitlines() if line.startswith(WANTED_PREFIXES)]
+    if any(len(line) > MAX_LINE for line in lines):
+        raise ExpositionError(f"a line of a wanted series is longer than {MAX_LINE} characters")
+    kept = "\n".join(lines)
     try:
         for family in text_string_to_metric_families(kept + "\n"):
             for sample in family.samples:
@@ -179,11 +188,15 @@ def between(older: Scrape, newer: Scrape) -> InstanceSample | None:
         return a if b is None else a.minus(b)
 
     g = newer.gauges
+    rate = (newer.requests - older.requests) / dt
+    in_engine = (g.get(RUNNING, 0.0), g.get(QUEUED, 0.0), sum(g.get(name, 0.0) for name in HANDOFF))
+    if rate > MAX_RATE or max(in_engine) > MAX_IN_ENGINE:
+        return None  # no engine does this: a lie, or a glitch, must not steer the pool's size
     return InstanceSample(
-        rate=(newer.requests - older.requests) / dt,
-        running=g.get(RUNNING, 0.0),
-        queued=g.get(QUEUED, 0.0),
-        handoff=sum(g.get(name, 0.0) for name in HANDOFF),
+        rate=rate,
+        running=in_engine[0],
+        queued=in_engine[1],
+        handoff=in_engine[2],
         token_usage=min(1.0, g.get(TOKEN_USAGE, 0.0)),
         ttft=delta(TTFT),
         itl=delta(ITL),
@@ -192,12 +205,21 @@ def between(older: Scrape, newer: Scrape) -> InstanceSample | None:
 
 def merged(histograms: Sequence[Histogram | None]) -> Histogram | None:
     """The pool's histogram: bucket counts added across the instances that share the most common
-    bounds (SGLang's defaults on an honest pool; one odd instance cannot take the pool's latency over)."""
+    bounds (SGLang's defaults on an honest pool; one odd instance cannot take the pool's latency over).
+
+    From three instances on, one counts at most ``WEIGHT_CAP`` times as many observations as the
+    lower median instance (its counts scaled down): the router spreads requests about evenly,
+    so one instance claiming millions of fast observations cannot hide the others' slow ones
+    (with two, neither is the majority).
+    """
     present = [h for h in histograms if h is not None]
     if not present:
         return None
     layouts = Counter(h.uppers for h in present)
     uppers = layouts.most_common(1)[0][0]
     same = [h for h in present if h.uppers == uppers]
-    counts = tuple(sum(h.counts[i] for h in same) for i in range(len(uppers)))
+    totals = sorted(h.counts[-1] for h in same)
+    cap = WEIGHT_CAP * totals[(len(totals) - 1) // 2] if len(same) >= 3 else math.inf
+    scale = [min(1.0, cap / h.counts[-1]) if h.counts[-1] > 0 else 1.0 for h in same]
+    counts = tuple(sum(h.counts[i] * f for h, f in zip(same, scale, strict=True)) for i in range(len(uppers)))
     return Histogram(uppers, counts)
