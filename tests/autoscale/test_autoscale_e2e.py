@@ -6,9 +6,9 @@ status.autoscaling lists as serving, and sends nothing to the others.
 - A load step breaches the ITL SLO -> a second instance is created, listed once ready, and the
   SLO holds again; the load falls -> the second instance is taken off the list, finishes what it
   runs, and only then is its group removed.
-- Long prompts at a fixed rate fill the KV cache of one-node decode instances (each replay holds
+- Long prompts at a fixed rate fill the KV cache of two-node decode instances (each replay holds
   the KV tokens the operator's memory model gives that width) while their ITL is inside the SLO
-  -> the pool is KV-bound, and a two-node instance, which holds more KV per GPU, is recommended.
+  -> the pool is KV-bound, and a four-node instance, which holds more KV per GPU, is recommended.
 """
 
 from __future__ import annotations

@@ -192,3 +192,12 @@ def test_a_surge_is_never_remembered_past_what_the_largest_pool_serves() -> None
     # one burst-memory half-life later the remembered surge no longer needs the whole pool
     later = _run(spike.state, [(630 + POLICY.surge_half_life_s + 30 * i, 2.0, 2) for i in range(3)])
     assert later.need < POLICY.max_instances
+
+
+def test_a_surge_is_kept_while_the_slo_looks_unreachable() -> None:
+    """Capacity 0 (the fit says no rate meets the SLO, e.g. a slow spell) caps nothing: the memory
+    of a burst must survive it."""
+    state = dataclasses.replace(_steady(2, 2.0), fits={"itl": Fit(base_s=0.1, mu=4.0)}, surge=5.0)
+    blind = PoolObservation(at=630, serving=2, rate=2.0, latency={"itl": None}, token_usage=0.3, queued=0)
+    d = decide_pool(POLICY, state, blind)
+    assert d.state.surge == pytest.approx(5.0, rel=1e-2)

@@ -205,7 +205,10 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
     smooth = _smoothed(rates)
     surge = _surge(state, smooth, now, policy.boot_s, policy.surge_half_life_s)
     # a surge past what the largest pool serves buys nothing, and would take days to fade
-    surge = min(surge, policy.max_instances * _capacity(policy, fits))
+    # (where the SLO looks unreachable for now, capacity is 0: the memory is kept as it is)
+    capacity = _capacity(policy, fits)
+    if capacity > 0:
+        surge = min(surge, policy.max_instances * capacity)
     base_level = min(r for t, r in smooth if now - t <= policy.boot_s)
     ahead = max(offered, base_level + surge)
     recent = max(r for t, r in rates if now - t <= policy.scale_in_window_s)

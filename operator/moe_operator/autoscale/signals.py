@@ -37,12 +37,13 @@ MAX_BUCKETS = 64  # SGLang's longest default has 23 bounds
 MAX_VALUE = 1e12  # a count or gauge beyond it is no engine's (1e12 requests at 1e4/s is three years)
 MAX_SERIES = 4096  # per name: one per scheduler rank and label set; the widest world is 2048 ranks
 BOUND_RANGE = (1e-6, 1e4)  # seconds: a latency bucket outside it is no SGLang bucket
-# SGLang's lines carry a handful of labels (model name, ranks, is_streaming, le): well under 1 KB.
-# The parser's cost grows with the square of a line's labels, so a longer line is refused unparsed.
-MAX_LINE = 4096
+# SGLang's lines carry a handful of labels (model name, ranks, is_streaming, le, and the custom
+# labels --tokenizer-metrics-allowed-custom-labels adds). The parser's cost grows with the square of
+# a line's labels, so a line with more, or longer than MAX_LINE, is refused unparsed.
+MAX_LABELS = 64  # "=" signs in one line (a label value may hold a few)
+MAX_LINE = 65536
 MAX_RATE = 1e4  # finished requests/s of one instance: beyond any engine (as model.MAX_RATE)
 MAX_IN_ENGINE = 1e6  # requests running, queued or in hand-off on one instance: beyond any engine's memory
-WEIGHT_CAP = 2.0  # one instance's observations count at most this many times the lower median's
 
 
 class ExpositionError(ValueError):
@@ -145,8 +146,10 @@ def parse(text: str, at: float) -> Scrape:
     # Only the wanted series' lines reach the (pure-Python, slow) parser: a peer's 8 MB of
     # anything else costs a scan, not a parse. Comments go too: samples are matched by name.
     lines = [line for line in text.splitlines() if line.startswith(WANTED_PREFIXES)]
-    if any(len(line) > MAX_LINE for line in lines):
-        raise ExpositionError(f"a line of a wanted series is longer than {MAX_LINE} characters")
+    if any(len(line) > MAX_LINE or line.count("=") > MAX_LABELS for line in lines):
+        raise ExpositionError(
+            f"a line of a wanted series has more than {MAX_LABELS} labels or {MAX_LINE} characters"
+        )
     kept = "\n".join(lines)
     try:
         for family in text_string_to_metric_families(kept + "\n"):
@@ -176,7 +179,10 @@ def parse(text: str, at: float) -> Scrape:
 
 
 def between(older: Scrape, newer: Scrape) -> InstanceSample | None:
-    """The interval between two scrapes; None when it is empty or the engine restarted."""
+    """The interval between two scrapes; None when it is empty or the engine restarted.
+
+    Raises ExpositionError for numbers no engine has (a lie, or a glitch, must not steer the
+    pool's size; the caller counts it as a failed scrape)."""
     dt = newer.at - older.at
     if dt <= 0 or newer.requests < older.requests:
         return None
@@ -191,7 +197,10 @@ def between(older: Scrape, newer: Scrape) -> InstanceSample | None:
     rate = (newer.requests - older.requests) / dt
     in_engine = (g.get(RUNNING, 0.0), g.get(QUEUED, 0.0), sum(g.get(name, 0.0) for name in HANDOFF))
     if rate > MAX_RATE or max(in_engine) > MAX_IN_ENGINE:
-        return None  # no engine does this: a lie, or a glitch, must not steer the pool's size
+        raise ExpositionError(
+            f"{rate:.3g} requests/s and {max(in_engine):.3g} requests in the engine: no engine's numbers "
+            f"(at most {MAX_RATE:g}/s and {MAX_IN_ENGINE:g})"
+        )
     return InstanceSample(
         rate=rate,
         running=in_engine[0],
@@ -207,10 +216,9 @@ def merged(histograms: Sequence[Histogram | None]) -> Histogram | None:
     """The pool's histogram: bucket counts added across the instances that share the most common
     bounds (SGLang's defaults on an honest pool; one odd instance cannot take the pool's latency over).
 
-    From three instances on, one counts at most ``WEIGHT_CAP`` times as many observations as the
-    lower median instance (its counts scaled down): the router spreads requests about evenly,
-    so one instance claiming millions of fast observations cannot hide the others' slow ones
-    (with two, neither is the majority).
+    Counts are added as they are: a cache-aware router sends most requests to one instance at
+    low load, so weighing instances alike would misread an honest pool. A pod that lies about
+    its own latency can hide its own pool's breach, nobody else's.
     """
     present = [h for h in histograms if h is not None]
     if not present:
@@ -218,8 +226,5 @@ def merged(histograms: Sequence[Histogram | None]) -> Histogram | None:
     layouts = Counter(h.uppers for h in present)
     uppers = layouts.most_common(1)[0][0]
     same = [h for h in present if h.uppers == uppers]
-    totals = sorted(h.counts[-1] for h in same)
-    cap = WEIGHT_CAP * totals[(len(totals) - 1) // 2] if len(same) >= 3 else math.inf
-    scale = [min(1.0, cap / h.counts[-1]) if h.counts[-1] > 0 else 1.0 for h in same]
-    counts = tuple(sum(h.counts[i] * f for h, f in zip(same, scale, strict=True)) for i in range(len(uppers)))
+    counts = tuple(sum(h.counts[i] for h in same) for i in range(len(uppers)))
     return Histogram(uppers, counts)

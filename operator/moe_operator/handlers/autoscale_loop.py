@@ -83,7 +83,11 @@ def scrape(
             continue
         old = memo.scrapes.get(key)
         memo.scrapes[key] = new
-        sample = signals.between(old, new) if old is not None else None
+        try:
+            sample = signals.between(old, new) if old is not None else None
+        except signals.ExpositionError:  # numbers no engine has: left out, counted
+            op.metrics.counter("moe_operator_autoscale_scrape_failures_total", namespace, name, key[0]).inc()
+            continue
         if sample is not None:
             out.setdefault(key[0], {})[key[1]] = sample
     for gone in set(memo.scrapes) - seen:
