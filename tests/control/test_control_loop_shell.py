@@ -284,3 +284,43 @@ def test_restarted_unreachable_and_rolled_back_instances(two: Loop) -> None:
     assert out["version"] == version and "paused" in out["message"], out["message"]
     for rt in (a, restarted):
         assert rt.doc is not None and rt.doc["version"] == version and rt.map == old.tolist()
+
+
+@pytest.mark.parametrize("operator_restarted", [False, True])
+def test_a_new_pool_shape_starts_the_placement_over_without_a_warning(
+    two: Loop, operator_restarted: bool
+) -> None:
+    """spec.eplb.redundantExperts (or the width) changed: every map held so far has another number
+    of slots. The pool plans afresh for the new shape under the next version, keeps its load
+    history (it counts logical experts), and the earlier shape's live map is no fault; also when
+    the operator restarted meanwhile (then the map is only read back from the live ConfigMap)."""
+    a, b = two.runtimes.values()
+    assert two.tick()["version"] == 1
+    windows = len(two.state.history.windows)
+    if operator_restarted:
+        two.state, windows = PoolState(), 0
+    spec = two.spec.model_dump(by_alias=True, exclude_none=True)
+    spec["eplb"]["redundantExperts"] = 2 * R
+    two.spec = MoEDeploymentSpec.model_validate(spec)
+    shape = PoolShape(num_layers=L, num_experts=E, num_redundant=2 * R, num_gpus=G, num_nodes=1,
+                      num_groups=1, dispatch="static")  # fmt: skip
+    for name, i in (("ds-decode-0-0", 0), ("ds-decode-1-0", 1)):  # the groups rolled: new pods, nothing held
+        fresh = Runtime(two.runtimes[name].hot, 10 + i)
+        two.runtimes[name] = FakeClient.runtimes[f"10.0.0.{i}"] = fresh
+        two.uids[name] = f"uid-rolled-{i}"
+    global SHAPE
+    old, SHAPE = SHAPE, shape
+    try:
+        out = two.tick()
+    finally:
+        SHAPE = old
+    assert out.get("version") == 2, out["message"]
+    assert "placement_error" not in out["message"] and "not a valid" not in out["message"], out["message"]
+    live = two.live()["physicalToLogicalMap"]
+    assert len(live[0]) == E + 2 * R
+    for rt in two.runtimes.values():
+        assert rt.doc is not None and rt.doc["version"] == 2 and len(rt.map[0]) == E + 2 * R
+    assert len(two.state.history.windows) >= windows, "the load history was dropped"
+    assert not [e for e in two.events if "not a valid placement" in e], two.events
+    assert [e for e in two.events if "v1 was placed for another pool shape" in e], two.events
+    assert a.doc is not None and b.doc is not None  # the rolled-away pods kept what they had

@@ -44,6 +44,7 @@ class Reason(StrEnum):
     PLACEMENT_PUBLISHED = "PlacementPublished"
     PLACEMENT_ADOPTED = "PlacementAdopted"
     PLACEMENT_REFUSED = "PlacementRefused"
+    PLACEMENT_SHAPE_CHANGED = "PlacementShapeChanged"
     # events of the autoscaler (docs/autoscaling.md)
     SCALING_OUT = "ScalingOut"
     SCALED_OUT = "ScaledOut"

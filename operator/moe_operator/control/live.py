@@ -17,6 +17,7 @@ import numpy as np
 from moe_operator.api import keys as K
 from moe_operator.control.evaluate import PoolShape
 from moe_placement import document
+from moe_placement.maps import map_problems
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class StoredPlacement:
     paused: str = ""  # the pause annotation of a rollback ('' when not paused)
     generated_at: float | None = None
     problems: tuple[str, ...] = ()
+    # the map is well formed but placed for another pool shape (its slots per layer, or its GPU
+    # count, before spec.eplb.redundantExperts or the width changed): not adopted, and no fault
+    other_shape: bool = False
 
 
 def read_stored(cm: Mapping[str, Any], shape: PoolShape, now: float) -> StoredPlacement:
@@ -43,6 +47,19 @@ def read_stored(cm: Mapping[str, Any], shape: PoolShape, now: float) -> StoredPl
         )
     problems = tuple(shape.problems(parsed.physical_to_logical_map))
     if problems:
-        return StoredPlacement(parsed.version, None, doc, paused, parsed.generated_at, problems)
+        other = placed_for_another_shape(parsed.physical_to_logical_map, shape)
+        return StoredPlacement(parsed.version, None, doc, paused, parsed.generated_at, problems, other)
     arr = np.asarray(parsed.physical_to_logical_map, dtype=np.int64)
     return StoredPlacement(parsed.version, arr, doc, paused, parsed.generated_at)
+
+
+def placed_for_another_shape(phy2log: np.ndarray, shape: PoolShape) -> bool:
+    """A valid map of the pool's model, for another number of slots or GPUs (one it had before)."""
+    if phy2log.ndim != 2 or phy2log.shape[0] != shape.num_layers or phy2log.shape[1] < shape.num_experts:
+        return False
+    rules = {
+        "num_layers": shape.num_layers,
+        "num_logical": shape.num_experts,
+        "num_physical": phy2log.shape[1],
+    }
+    return not map_problems(phy2log, **rules)

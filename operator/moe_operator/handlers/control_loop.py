@@ -156,7 +156,7 @@ def adopt_live(t: Tick) -> str:
     if s.current is not None and live.version is not None and live.version <= s.version:
         return live.paused
     if live.phy2log is None:
-        refuse(t, live)
+        (note_other_shape if live.other_shape else refuse)(t, live)
         live = newest_kept(t) if s.current is None else live
         if live.phy2log is None:
             return live.paused
@@ -181,6 +181,26 @@ def refuse(t: Tick, live: StoredPlacement) -> None:
     kopf.event(t.body, type="Warning", reason=Reason.PLACEMENT_REFUSED,
                message=f"{t.pool}: the live placement ConfigMap is not a valid placement "
                f"({'; '.join(live.problems[:2])}); keeping v{t.state.version}")  # fmt: skip
+
+
+def note_other_shape(t: Tick, live: StoredPlacement) -> None:
+    """One event per version placed for the pool's earlier shape: expected after a shape change."""
+    key = f"{live.version}: another shape"
+    if t.state.refused == key:
+        return
+    t.state.refused = key
+    t.event(Reason.PLACEMENT_SHAPE_CHANGED,
+            f"{t.pool}: v{live.version} was placed for another pool shape; the pool now has "
+            f"{t.shape.num_slots} expert slots per layer on {t.shape.num_gpus} GPUs and plans for them afresh")  # fmt: skip
+
+
+def start_over_on_new_shape(t: Tick) -> None:
+    """spec.eplb.redundantExperts or the width changed: a map of the earlier shape is no current
+    map (the planner would refuse it at every evaluation). The pool plans afresh under the next
+    version; its load history counts logical experts and stays."""
+    s = t.state
+    if s.current is not None and t.shape.problems(s.current):
+        s.current, s.doc, s.instances = None, None, {}
 
 
 def newest_kept(t: Tick) -> StoredPlacement:
@@ -295,6 +315,7 @@ def evaluate_pool(t: Tick, leaders: list[dict[str, Any]], logger: Any) -> dict[s
     s.evaluated_at = t.now
     started = time.perf_counter()
     out: dict[str, Any] = {"lastEvaluationTime": _iso(t.now)}
+    start_over_on_new_shape(t)
     paused = adopt_live(t)
     if s.doc is not None and t.status.get("version") != s.version:
         out.update(version=s.version, updateTime=s.doc.get("generatedAt"))
