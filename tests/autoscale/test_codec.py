@@ -17,7 +17,12 @@ NOW = 1_800_000_000.0
 def _state() -> PoolState:
     fit = update(Fit(0.03, 4.0), 1.0, 0.04)
     return PoolState(
-        instances=3, fits={"itl": fit}, rates=((NOW - 60, 2.0), (NOW - 30, 2.5)), last_out=NOW - 30, surge=1.5
+        instances=3,
+        fits={"itl": fit},
+        rates=((NOW - 60, 2.0), (NOW - 30, 2.5)),
+        last_out=NOW - 30,
+        surge=1.5,
+        gpus=16,
     )
 
 
@@ -27,6 +32,7 @@ def test_model_round_trips() -> None:
     assert back is not None
     assert back.fits["itl"].curve() == pytest.approx(state.fits["itl"].curve())
     assert back.rates == state.rates and back.surge == state.surge and back.last_out == state.last_out
+    assert back.gpus == state.gpus == 16
 
 
 @pytest.mark.parametrize(
@@ -41,6 +47,9 @@ def test_model_round_trips() -> None:
         lambda d: d.update(rates=[[NOW + 10_000, 1.0]]),  # from the future
         lambda d: d.update(surge="lots"),
         lambda d: d.update(lastOut=True),
+        lambda d: d.update(gpus=-8),
+        lambda d: d.update(gpus=10**6),
+        lambda d: d.update(gpus="16"),
         # integers too large for a float (hundreds of digits fit the field): no OverflowError
         lambda d: d.update(queued=10**400),
         lambda d: d.update(surge=10**400),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from moe_operator.autoscale import codec
 from moe_operator.autoscale.decide import (
@@ -13,8 +14,9 @@ from moe_operator.autoscale.decide import (
     Width,
     decide_pool,
 )
-from moe_operator.autoscale.model import Fit
+from moe_operator.autoscale.model import Fit, update
 from moe_operator.autoscale.observe import idle
+from moe_operator.autoscale.prior import resume
 from moe_operator.autoscale.scale import Scale, advance
 from moe_operator.autoscale.signals import InstanceSample
 from moe_operator.handlers.autoscale_loop import router_settled
@@ -115,3 +117,21 @@ def test_an_outage_ages_rates_out_but_keeps_the_fit() -> None:
     doc = json.loads(codec.write_model(state))
     doc["rates"] = [[NOW + 3600, 1.0]]
     assert codec.read_model(json.dumps(doc), ("itl",), NOW) is None  # from the future: not ours
+
+
+def test_a_width_change_starts_the_fits_over_and_keeps_the_pools_rates() -> None:
+    """A person acted on recommendedNodesPerReplica: the curve measured on narrow instances says
+    nothing of wide ones (twice the GPUs, more KV room); the pool's rates and surge count requests."""
+    measured = update(update(FIT, 1.0, 0.04), 3.0, 0.09)
+    narrow = PoolState(instances=4, fits={"itl": measured}, rates=((NOW, 6.0),), surge=2.0, gpus=8)
+    obs = PoolObservation(NOW, 4, 6.0, {"itl": 0.05}, 0.9, 0.0)
+    same = resume(narrow, POLICY, obs, 4)
+    assert same.fits["itl"] == measured and same.gpus == 8
+    wide = replace(POLICY, width=Width(nodes=2, gpus=16, kv_tokens=2.0))
+    after = resume(codec.read_model(codec.write_model(narrow), ("itl",), NOW), wide, obs, 2)
+    assert after.fits["itl"].samples == 0 and after.fits["itl"] != measured
+    assert after.rates == narrow.rates and after.surge == narrow.surge and after.gpus == 16
+    assert after.instances == 2
+    # a model stored before the width was recorded (gpus 0) keeps its fits
+    legacy = resume(replace(narrow, gpus=0), wide, obs, 2)
+    assert legacy.fits["itl"] == measured and legacy.gpus == 16

@@ -21,6 +21,7 @@ from .scale import Scale, Step
 MAX_RATES = 480  # two hours of 15 s ticks
 MAX_MODEL_CHARS = 16384
 MAX_NUMBER = 1e12  # rates, queue and surge in the stored model
+MAX_GPUS = 128 * 16  # GPUs per instance: nodesPerReplica (at most 128) x gpusPerNode (at most 16)
 METRICS = ("ttft", "itl")
 
 
@@ -102,6 +103,7 @@ def read_model(text: str, metrics: tuple[str, ...], now: float) -> PoolState | N
             last_in=opt("lastIn"),
             queued=_num(doc.get("queued", 0.0), 0, MAX_NUMBER),
             surge=_num(doc.get("surge", 0.0), 0, MAX_NUMBER),
+            gpus=int(_num(doc.get("gpus", 0), 0, MAX_GPUS)),
         )
     except (ValueError, TypeError, IndexError, RecursionError, ArithmeticError):
         return None
@@ -116,6 +118,7 @@ def write_model(state: PoolState) -> str:
         "lastIn": state.last_in,
         "queued": round(min(state.queued, MAX_NUMBER), 3),
         "surge": round(min(state.surge, MAX_NUMBER), 4),
+        "gpus": min(state.gpus, MAX_GPUS),
     }
     return json.dumps(doc, separators=(",", ":"))
 

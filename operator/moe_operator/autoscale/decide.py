@@ -77,6 +77,7 @@ class PoolState:
     last_in: float | None = None
     queued: float = 0.0  # the pool's queue at the last decision
     surge: float = 0.0  # largest rise of the pool rate within one boot time, decayed (requests/s)
+    gpus: int = 0  # GPUs per instance the fits were measured on (0: not recorded)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ The fit leaves this prior as soon as the load moves (model.py weighs it as 20 in
 
 from __future__ import annotations
 
-from .decide import PoolObservation, PoolPolicy
+from dataclasses import replace
+
+from .decide import PoolObservation, PoolPolicy, PoolState
 from .model import Fit
 
 MIN_MU = 0.01  # requests/s: a placeholder for an idle pool, replaced at its first load
@@ -23,3 +25,14 @@ def seeded(fits: dict[str, Fit], policy: PoolPolicy, obs: PoolObservation | None
     """The fits, with any that never saw load replaced by the prior of this observation."""
     fresh = prior(policy, obs)
     return {m: (fresh[m] if f.samples == 0 or f.mu <= MIN_MU else f) for m, f in fits.items()}
+
+
+def resume(
+    stored: PoolState | None, policy: PoolPolicy, obs: PoolObservation | None, instances: int
+) -> PoolState:
+    """The state a decision goes on from. Fits measured on instances of another width (the width
+    changed) start over from the prior; the pool's rates and surge stay, since they count requests
+    whatever the width."""
+    if stored is None or stored.gpus not in (0, policy.width.gpus):
+        stored = replace(stored or PoolState(instances, {}), fits=prior(policy, obs))
+    return replace(stored, instances=instances, fits=seeded(stored.fits, policy, obs), gpus=policy.width.gpus)

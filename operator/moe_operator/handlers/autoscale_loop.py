@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
 import kopf
@@ -23,11 +22,11 @@ from moe_operator.api.conditions import Reason
 from moe_operator.api.derived import Pool, pools, world_size
 from moe_operator.api.names import GROUP, PLURAL
 from moe_operator.autoscale import codec, signals
-from moe_operator.autoscale.decide import PoolDecision, PoolPolicy, PoolState, decide_pool, within_budget
+from moe_operator.autoscale.decide import PoolDecision, PoolPolicy, decide_pool, within_budget
 from moe_operator.autoscale.effective import existing_instances, pool_scales
 from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
-from moe_operator.autoscale.prior import prior, seeded
+from moe_operator.autoscale.prior import resume
 from moe_operator.autoscale.scale import Scale, Step, advance
 from moe_operator.control.client import RuntimeAnswerError, RuntimeClient
 from moe_operator.handlers.state import DeploymentState, OperatorState, operator_of
@@ -109,10 +108,7 @@ def decide_all(
         metrics = tuple(o.metric for o in policy.objectives)
         raw = stored.get(pool)
         text = str(raw.get("model") or "") if isinstance(raw, dict) else ""
-        state = codec.read_model(text, metrics, now)
-        if state is None:
-            state = PoolState(instances=scale.instances, fits=prior(policy, obs))
-        state = replace(state, instances=scale.instances, fits=seeded(state.fits, policy, obs))
+        state = resume(codec.read_model(text, metrics, now), policy, obs, scale.instances)
         out[pool] = (decide_pool(policy, state, obs), obs)
     gpus: dict[str, int] = {p: policies[p].width.gpus for p in out}
     fixed = sum(p.replicas * world_size(p, spec.topology) for n, p in pools(spec).items() if n not in out)
