@@ -54,6 +54,7 @@ class GroupState:
     pods: tuple[PodState, ...]
     members: frozenset[str] = frozenset()  # pod UIDs of the running world, recorded once it formed
     moved: bool = False  # the planner gave the instance other nodes
+    resized_from: int = 0  # nodes the instance had before its width changed (0: it did not)
     unready_limit_s: float = float("inf")  # a running rank unready longer than this breaks the world
     start: StartReport | None = None  # the leader's start-up phase, while the group is not ready
 
@@ -98,6 +99,8 @@ def broken_reason(group: GroupState, now: datetime) -> str | None:
     """Why the group's world is broken, or None. A rank that runs but stays unready past the
     start-up budget (a hung worker: its engine stopped answering /health) breaks it too: the
     kubelet restarts only what fails liveness, and one rank cannot rejoin its world alone."""
+    if group.moved and group.resized_from:
+        return f"its width changed ({group.resized_from} -> {group.nnodes} nodes), and every rank's world with it"
     if group.moved:
         return "the planner moved the instance to other nodes"
     for p in sorted(group.pods, key=lambda p: p.rank):

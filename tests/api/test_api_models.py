@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import UTC, datetime
 
 import pytest
@@ -19,6 +20,7 @@ from moe_operator.api import (
     set_condition,
 )
 from moe_operator.api.types import parse_bytes, parse_count, parse_duration, parse_quantity
+from moe_operator.validation import validate, warnings
 
 from .invalid_specs import BASE_SPEC
 
@@ -106,3 +108,15 @@ def test_parsers() -> None:
             parse_quantity(bad)
     with pytest.raises(ValueError):
         parse_duration("5 minutes")
+
+
+def test_a_width_change_admits_with_a_warning_that_says_what_it_costs() -> None:
+    wider = copy.deepcopy(BASE_SPEC)
+    wider["decode"].update(nodesPerReplica=18, attentionDataParallel=144)
+    assert validate(wider, BASE_SPEC) == []
+    said = warnings(wider, BASE_SPEC)
+    assert any(
+        "spec.decode.nodesPerReplica 9 -> 18 restarts every decode instance at once" in w for w in said
+    )
+    assert not any("nodesPerReplica" in w for w in warnings(BASE_SPEC, BASE_SPEC))
+    assert not any("nodesPerReplica" in w for w in warnings(wider))  # a creation changes nothing

@@ -8,12 +8,14 @@ status.autoscaling lists as serving, and sends nothing to the others.
   runs, and only then is its group removed.
 - Long prompts at a fixed rate fill the KV cache of two-node decode instances (each replay holds
   the KV tokens the operator's memory model gives that width) while their ITL is inside the SLO
-  -> the pool is KV-bound, and a four-node instance, which holds more KV per GPU, is recommended.
+  -> the pool is KV-bound, and a four-node instance, which holds more KV per GPU, is recommended;
+  a person sets it -> the instances restart on four nodes and the KV pressure is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -49,6 +51,7 @@ class Router:
     replay: dict[str, Any]  # start_replay's engine arguments
     rate: float = 0.0
     replays: dict[str, tuple[str, subprocess.Popen[bytes]]] = field(default_factory=dict)
+    uids: dict[str, str] = field(default_factory=dict)  # the leader pod each replay engine plays
     timeline: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -83,15 +86,16 @@ class Router:
         )
         pods = self.api.get(f"/api/v1/namespaces/{self.namespace}/pods", params={"labelSelector": selector})
         for pod in pods.json()["items"]:
-            ip, pod_name = pod["status"].get("podIP"), pod["metadata"]["name"]
+            ip, pod_name, uid = pod["status"].get("podIP"), pod["metadata"]["name"], pod["metadata"]["uid"]
             instance = pod_name.rsplit("-", 1)[0]
-            if ip and instance not in self.replays and not pod["metadata"].get("deletionTimestamp"):
-                log = self.folder / f"{instance}.log"
-                proc = start_replay(
-                    ip, self.token_file, log, instance=instance, request_rate=0.0, **self.replay
-                )
-                self.replays[instance] = (ip, proc)
-                time.sleep(1.0)
+            if not ip or pod["metadata"].get("deletionTimestamp") or self.uids.get(instance) == uid:
+                continue
+            if instance in self.replays:  # the group was recreated (a roll): its engine restarts
+                self.replays.pop(instance)[1].terminate()
+            log = self.folder / f"{instance}-{uid[:8]}.log"
+            proc = start_replay(ip, self.token_file, log, instance=instance, request_rate=0.0, **self.replay)
+            self.replays[instance], self.uids[instance] = (ip, proc), uid
+            time.sleep(1.0)
         st = self.status()
         serving = int(st.get("serving") or 1)
         for instance, (ip, _) in self.replays.items():
@@ -233,3 +237,34 @@ def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_recommends_a_wider_instance
         assert any(s["queued"] > 0 for s in states), states  # requests wait for KV, not for a batch slot
         said = router.events()
         assert any(e.startswith("WiderInstanceRecommended") and "4 node" in e for e in said), said
+
+        # A person acts on it: every instance restarts at once onto four nodes (a group cannot change
+        # its width in place; admission warns), each new engine holding the KV the memory model gives
+        # that width; the KV pressure is gone and the autoscaler's curve restarts at 32 GPUs
+        merge = {"Content-Type": "application/merge-patch+json"}
+        r = api.patch(
+            moed_path(deployed, name), json={"spec": {"decode": {"nodesPerReplica": 4}}}, headers=merge
+        )
+        assert r.status_code == 200, r.text
+        router.replay.update(gpus=32, flags={**engine["flags"], "kv-tokens": wide})
+        router.timeline.append(f"t={time.monotonic() - router.start:5.1f}s --- nodesPerReplica 2 -> 4 ---")
+
+        def wide_everywhere() -> bool:
+            router.play()
+            try:
+                states = [router.replay_state(i) for i in sorted(router.replays)]
+            except httpx.HTTPError:  # an engine just started
+                return False
+            return len(states) == 2 and all(s["kv_tokens"] == wide for s in states)
+
+        wait_for(wide_everywhere, 240, interval=1, what="both instances rolled onto four nodes")
+
+        def relieved() -> bool:
+            st = router.play()
+            usage = st.get("tokenUsage")
+            return st.get("recommendedNodesPerReplica") is None and usage is not None and usage < 0.5
+
+        wait_for(relieved, 180, interval=1, what="the KV pressure gone at four nodes")
+        assert json.loads(router.status()["model"])["gpus"] == 32
+        said = router.events()
+        assert sum("its width changed (2 -> 4 nodes)" in e for e in said) == 2, said

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -116,6 +117,16 @@ def test_spec_rolls_one_instance_at_a_time() -> None:
     actions = group_actions(stale, NOW, nodes={"n0"})
     assert [(r.group.index, r.reason) for r in actions.restarts] == [(0, Reason.ROLLING_OUT)]
     assert actions.restarts[0].restarts == 0  # a roll is not a failure: the count stays
+
+
+def test_a_width_change_restarts_every_instance_and_says_why() -> None:
+    """Moved groups restart at once (a rank's world cannot change in place); a width change says so."""
+    resized = [replace(_group(i), moved=True, resized_from=1) for i in range(2)]
+    actions = group_actions(resized, NOW, nodes={"n0"})
+    assert [r.group.index for r in actions.restarts] == [0, 1]
+    assert "its width changed (1 -> 2 nodes)" in actions.restarts[0].message
+    moved = group_actions([replace(_group(0), moved=True)], NOW, nodes={"n0"})
+    assert "the planner moved the instance" in moved.restarts[0].message
 
 
 def test_a_formed_world_gets_its_members_recorded_once() -> None:

@@ -38,4 +38,4 @@ async def validate_moedeployment(spec: kopf.Spec, memo: kopf.Memo, **kwargs: Any
         raise kopf.AdmissionError("; ".join(str(p) for p in problems), code=422)
     sink = kwargs.get("warnings")
     if isinstance(sink, list):  # kopf returns these as the admission response's warnings
-        sink.extend(warnings(dict(spec)))
+        sink.extend(warnings(dict(spec), old_spec))

@@ -135,6 +135,7 @@ def group_states(
                 pods=tuple(sorted(by_instance.get(site.key, []), key=lambda p: p.rank)),
                 members=frozenset(filter(None, ann.get(K.GROUP_MEMBERS, "").split(","))),
                 moved=old is not None and old.nodes != site.nodes,
+                resized_from=len(old.nodes) if old is not None and len(old.nodes) != len(site.nodes) else 0,
                 unready_limit_s=startup_timeout_s(spec),
                 start=(starts or {}).get(site.key),
             )

@@ -32,7 +32,7 @@ from .pool_rules import check_attention, check_backend, check_expert_slots, chec
 from .problem import Problem
 from .recipe_rules import check_recipe, recipe_warnings
 from .schema import parse_spec
-from .update_rules import check_update
+from .update_rules import check_update, update_warnings
 
 
 @dataclass(frozen=True)
@@ -114,10 +114,12 @@ def validate(
     return _unique(problems)
 
 
-def warnings(spec: Mapping[str, Any]) -> list[str]:
-    """What admits but loses throughput, each with its fix (admission warnings, render --explain)."""
+def warnings(spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None = None) -> list[str]:
+    """What admits but loses throughput or service, each with its fix (admission warnings, render
+    --explain); ``old_spec``: the spec an update replaces."""
     parsed, _ = parse_spec(spec)
-    return [] if parsed is None else recipe_warnings(parsed)
+    changes = update_warnings(spec, old_spec) if old_spec is not None else []
+    return changes + ([] if parsed is None else recipe_warnings(parsed))
 
 
 def _unique(problems: list[Problem]) -> list[Problem]:

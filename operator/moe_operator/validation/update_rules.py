@@ -80,3 +80,22 @@ def check_update(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> list[P
             )
         )
     return problems
+
+
+def update_warnings(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> list[str]:
+    """What an update admits but costs: a pool's width cannot roll one instance at a time."""
+    out: list[str] = []
+    for pool in ("prefill", "decode"):
+        old_nodes, new_nodes = (
+            _get(old_spec, f"{pool}.nodesPerReplica", 1),
+            _get(spec, f"{pool}.nodesPerReplica", 1),
+        )
+        if _get(old_spec, pool) is None or _get(spec, pool) is None or old_nodes == new_nodes:
+            continue
+        out.append(
+            f"spec.{pool}.nodesPerReplica {old_nodes} -> {new_nodes} restarts every {pool} instance at once: "
+            "a group cannot change its width in place (every rank's world changes), so the pool serves "
+            "nothing until the new groups are ready (up to spec.engine.startupTimeout). To keep serving, "
+            "create a second MoEDeployment at the new width, move traffic to it, then delete this one"
+        )
+    return out
