@@ -8,7 +8,7 @@ with exponential backoff so a crash-looping group does not hammer the cluster.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -54,7 +54,8 @@ class GroupState:
     pods: tuple[PodState, ...]
     members: frozenset[str] = frozenset()  # pod UIDs of the running world, recorded once it formed
     moved: bool = False  # the planner gave the instance other nodes
-    resized_from: int = 0  # nodes the instance had before its width changed (0: it did not)
+    resized_to: int = 0  # nodes per instance the spec now asks for, when not ``nnodes`` (a width change)
+    new_nodes_busy: bool = False  # its planned nodes still run other instances of the deployment
     unready_limit_s: float = float("inf")  # a running rank unready longer than this breaks the world
     start: StartReport | None = None  # the leader's start-up phase, while the group is not ready
 
@@ -99,8 +100,11 @@ def broken_reason(group: GroupState, now: datetime) -> str | None:
     """Why the group's world is broken, or None. A rank that runs but stays unready past the
     start-up budget (a hung worker: its engine stopped answering /health) breaks it too: the
     kubelet restarts only what fails liveness, and one rank cannot rejoin its world alone."""
-    if group.moved and group.resized_from:
-        return f"its width changed ({group.resized_from} -> {group.nnodes} nodes), and every rank's world with it"
+    if group.moved and group.resized_to:
+        return (
+            f"its width changes ({group.nnodes} -> {group.resized_to} nodes) onto nodes other instances still "
+            "run, and every rank's world with it"
+        )
     if group.moved:
         return "the planner moved the instance to other nodes"
     for p in sorted(group.pods, key=lambda p: p.rank):
@@ -127,8 +131,19 @@ def decide(group: GroupState, now: datetime, may_roll: bool) -> GroupDecision:
     """Restart the whole group when it is broken (with backoff), or roll it to a new template.
 
     `may_roll` is False while another instance of the pool is not ready: spec changes roll
-    instances one at a time so the pool keeps serving.
+    instances one at a time so the pool keeps serving. A width change rolls too, while the
+    instance's new nodes are free: until its turn the group runs on its old nodes (its group
+    object is held back, reconcile.children).
     """
+    if rolls_to_new_width(group, now):
+        if not may_roll:
+            return GroupDecision("none")
+        return GroupDecision(
+            "restart",
+            Reason.ROLLING_OUT,
+            f"{group.pool} instance {group.index}: rolling from {group.nnodes} to {group.resized_to} nodes "
+            "(one instance at a time)",
+        )
     reason = broken_reason(group, now)
     if reason is not None:
         wait = backoff_seconds(group.restarts) - (now - group.epoch).total_seconds()
@@ -157,6 +172,12 @@ def decide(group: GroupState, now: datetime, may_roll: bool) -> GroupDecision:
             f"{group.pool} instance {group.index}: rolling to the new spec (one instance at a time)",
         )
     return GroupDecision("none")
+
+
+def rolls_to_new_width(group: GroupState, now: datetime) -> bool:
+    """Moved only because its width changed, onto free nodes, and otherwise whole: it may wait its turn."""
+    healthy = broken_reason(replace(group, moved=False), now) is None
+    return group.moved and bool(group.resized_to) and not group.new_nodes_busy and healthy
 
 
 def formed(group: GroupState) -> bool:

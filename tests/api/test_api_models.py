@@ -116,7 +116,7 @@ def test_a_width_change_admits_with_a_warning_that_says_what_it_costs() -> None:
     assert validate(wider, BASE_SPEC) == []
     said = warnings(wider, BASE_SPEC)
     assert any(
-        "spec.decode.nodesPerReplica 9 -> 18 restarts every decode instance at once" in w for w in said
+        "spec.decode.nodesPerReplica 9 -> 18 restarts every decode instance: one at a time" in w for w in said
     )
     assert not any("nodesPerReplica" in w for w in warnings(BASE_SPEC, BASE_SPEC))
     assert not any("nodesPerReplica" in w for w in warnings(wider))  # a creation changes nothing

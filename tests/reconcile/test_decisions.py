@@ -20,7 +20,7 @@ from moe_operator.reconcile.token import instance_of, key_of
 from moe_operator.render.children import render_children
 from moe_operator.render.group import Owner, RuntimeSettings
 from moe_operator.render.shared import token_secret
-from moe_operator.topology.planner import TopologyPlan, Waiting
+from moe_operator.topology.planner import InstanceSite, TopologyPlan, Waiting
 from render_cases import TWO_CLIQUE_PLAN, gb200_decode_spec
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -92,6 +92,34 @@ def test_leaderworkerset_template_change_is_held_while_its_group_runs() -> None:
     assert not idle.hold
 
 
+def test_a_statefulset_changing_width_is_held_while_its_group_runs() -> None:
+    """Applied at once, its new replica count would add or remove ranks of a running world."""
+    old = _desired()
+    wide = render_children(gb200_decode_spec(), OWNER, WIDE_PLAN, RuntimeSettings())
+    observed = _observed(old)
+    held = diff_children(wide, observed, {}, [_pod(0, instance=1)])
+    assert set(held.hold) == {"m-decode-1"}
+    assert "m-decode-0" in {o["metadata"]["name"] for o in held.apply if o["kind"] == "StatefulSet"}
+    same_width = _desired(mode="engine")  # a new template at the same width: applied (OnDelete rolls it)
+    assert not diff_children(same_width, observed, {}, [_pod(0, instance=1)]).hold
+
+
+WIDE_PLAN = TopologyPlan(
+    sites=tuple(
+        InstanceSite(
+            "decode",
+            i,
+            "nvlink",
+            "nvidia.com/gpu.clique",
+            f"clique-{i}",
+            tuple(f"n{i}-{r}" for r in range(8)),
+        )
+        for i in range(2)
+    ),
+    waiting=(),
+)
+
+
 def _group(index: int, *, ready: bool = True, template: str = "t1", restarts: int = 0, phase: str = "Running",
            node: str | None = "n0", members: frozenset[str] = frozenset()) -> GroupState:  # fmt: skip
     pods = tuple(
@@ -119,14 +147,33 @@ def test_spec_rolls_one_instance_at_a_time() -> None:
     assert actions.restarts[0].restarts == 0  # a roll is not a failure: the count stays
 
 
-def test_a_width_change_restarts_every_instance_and_says_why() -> None:
-    """Moved groups restart at once (a rank's world cannot change in place); a width change says so."""
-    resized = [replace(_group(i), moved=True, resized_from=1) for i in range(2)]
+def test_a_width_change_rolls_one_instance_at_a_time_onto_free_nodes() -> None:
+    """Each group keeps running at its old width until its turn; onto nodes other instances still
+    run it could not start, so then every group restarts at once, and says why."""
+    resized = [replace(_group(i), moved=True, resized_to=4) for i in range(2)]
     actions = group_actions(resized, NOW, nodes={"n0"})
+    assert [(r.group.index, r.reason) for r in actions.restarts] == [(0, Reason.ROLLING_OUT)]
+    assert "rolling from 2 to 4 nodes" in actions.restarts[0].message
+    assert actions.restarts[0].restarts == 0  # a roll is not a failure
+    # the next one waits while the first is not ready at its new width
+    booting = replace(_group(0, ready=False), nnodes=4)
+    assert group_actions([booting, resized[1]], NOW, nodes={"n0"}).restarts == []
+    assert [r.group.index for r in group_actions([_group(0), resized[1]], NOW, nodes={"n0"}).restarts] == [1]
+    # planned onto nodes the other instances still run: all at once, as before
+    busy = [replace(g, new_nodes_busy=True) for g in resized]
+    actions = group_actions(busy, NOW, nodes={"n0"})
     assert [r.group.index for r in actions.restarts] == [0, 1]
-    assert "its width changed (1 -> 2 nodes)" in actions.restarts[0].message
+    assert (
+        "its width changes (2 -> 4 nodes) onto nodes other instances still run" in actions.restarts[0].message
+    )
+    # a group moved for another reason (its node went away) restarts at once
     moved = group_actions([replace(_group(0), moved=True)], NOW, nodes={"n0"})
     assert "the planner moved the instance" in moved.restarts[0].message
+    # a resized group that is broken anyway restarts at once too
+    failed = replace(_group(0, phase="Failed"), moved=True, resized_to=4)
+    assert (
+        group_actions([failed, resized[1]], NOW, nodes={"n0"}).restarts[0].reason == Reason.GROUP_RESTARTING
+    )
 
 
 def test_a_formed_world_gets_its_members_recorded_once() -> None:

@@ -130,3 +130,24 @@ def test_node_selector_is_respected() -> None:
     req = PoolRequest("decode", replicas=1, nodes_per_instance=2, gpus_per_node=4)
     plan = plan_topology([req], default_nodes(), policy)
     assert plan.sites[0].kind == "nvlink"
+
+
+def test_a_width_change_plans_around_the_nodes_other_instances_still_run() -> None:
+    """Wider instances are rolled one at a time: each is planned onto nodes the pool's other
+    instances do not run on, as long as any fit (else onto them, and they all restart at once)."""
+    nodes = h100_only(default_nodes())
+    narrow = plan_topology(
+        [PoolRequest("decode", replicas=4, nodes_per_instance=2, gpus_per_node=8)], nodes, POLICY
+    )
+    wide = [PoolRequest("decode", replicas=4, nodes_per_instance=4, gpus_per_node=8)]
+    plan = plan_topology(wide, nodes, POLICY, previous=narrow.sites)
+    assert not plan.waiting
+    for site in plan.sites:
+        others = {n for old in narrow.sites if old.index != site.index for n in old.nodes}
+        assert not others & set(site.nodes), (site, narrow.sites)
+    # 32 nodes: four 2-node instances run on 8; four 4-node ones fit on the other 24 only in part
+    tight = [PoolRequest("decode", replicas=4, nodes_per_instance=7, gpus_per_node=8)]
+    packed = plan_topology(tight, nodes, POLICY, previous=narrow.sites)
+    assert not packed.waiting  # every instance placed, some onto nodes the narrow ones still run
+    used = {n for s in packed.sites for n in s.nodes}
+    assert used & {n for s in narrow.sites for n in s.nodes}

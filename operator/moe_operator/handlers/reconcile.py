@@ -278,7 +278,7 @@ def ensure_token(t: Target) -> bool:
 
 
 def apply_and_prune(t: Target, changes: ChildChanges) -> None:
-    """Apply what changed (held LeaderWorkerSets wait for their roll), delete what is no longer planned."""
+    """Apply what changed (held group objects wait for their roll), delete what is no longer planned."""
     now = time.time()
     for obj in t.op.kube.apply_in_waves(changes.apply):
         t.state.remember_applied(child_key(obj), obj["metadata"]["annotations"][K.SPEC_HASH], now)
@@ -316,8 +316,8 @@ def act_on_groups(
             t.state.remember_applied(
                 child_key(held), held["metadata"]["annotations"][K.SPEC_HASH], time.time()
             )
-            t.logger.info(f"applied LeaderWorkerSet {instance}")
-        else:
+            t.logger.info(f"applied {held['kind']} {instance}")
+        if held is None or held["kind"] == "StatefulSet":  # a StatefulSet at its new width, too
             kube.delete_pods(ns, L.instance_selector(name, r.group.pool, r.group.index))
         t.event(Event("Normal", r.reason, r.message))
         posted.add((r.reason, r.message))

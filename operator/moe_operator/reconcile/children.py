@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,9 +32,10 @@ def api_version(kind: str) -> str:
 
 @dataclass(frozen=True)
 class ChildChanges:
-    """``apply``: write now. ``hold``: LeaderWorkerSets whose pod template changes while their group
-    runs, by instance name: the controller would recreate the group at once, so they wait until
-    the lifecycle lets that instance roll. ``prune``: rendered earlier, no longer wanted."""
+    """``apply``: write now. ``hold``: LeaderWorkerSets whose pod template changes, and StatefulSets
+    whose width changes, while their group runs, by instance name: applied now, either would change
+    the running group at once, so they wait until the lifecycle lets that instance roll.
+    ``prune``: rendered earlier, no longer wanted."""
 
     apply: list[dict[str, Any]] = field(default_factory=list)
     hold: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -94,10 +96,26 @@ def diff_children(
 def template_change_of_running(
     obj: Mapping[str, Any], have: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
 ) -> bool:
-    """A LeaderWorkerSet whose pod template changes while its group has pods."""
-    if obj["kind"] != "LeaderWorkerSet" or have is None:
+    """A LeaderWorkerSet whose pod template changes, or a StatefulSet whose width changes (its
+    replicas would be added or removed at once, breaking the running world), while its group
+    has pods."""
+    if have is None:
         return False
-    if have["annotations"].get(K.TEMPLATE_HASH) == obj["metadata"]["annotations"][K.TEMPLATE_HASH]:
+    if obj["kind"] == "LeaderWorkerSet":
+        if have["annotations"].get(K.TEMPLATE_HASH) == obj["metadata"]["annotations"][K.TEMPLATE_HASH]:
+            return False
+    elif obj["kind"] != "StatefulSet" or _width(have["annotations"]) in (
+        None,
+        _width(obj["metadata"]["annotations"]),
+    ):
         return False
     labels = obj["metadata"]["labels"]
     return any(p["pool"] == labels[K.POOL] and str(p["instance"]) == labels[K.INSTANCE] for p in pods)
+
+
+def _width(annotations: Mapping[str, Any]) -> int | None:
+    """Nodes of an instance, from its group object's topology annotation (None when unreadable)."""
+    try:
+        return len(json.loads(annotations[K.INSTANCE_NODES])["nodes"])
+    except (KeyError, TypeError, ValueError):
+        return None

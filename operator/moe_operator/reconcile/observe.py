@@ -118,24 +118,30 @@ def group_states(
     out = []
     by_name = {g["name"]: g for g in group_objects}
     specs = pools(spec)
+    running_on = {key: {p.node for p in states if p.node} for key, states in by_instance.items()}
     for site in plan.sites:
         obj = by_name.get(L.instance_name(name, site.pool, site.index))
         if obj is None:
             continue
         ann = obj["annotations"]
         old = previous.get(site.key)
+        width = pool_layout(specs[site.pool], spec.topology).nodes  # type: ignore[index]
+        # a group whose width changes runs at its old width until its roll (its object is held back)
+        nnodes = len(old.nodes) if old is not None else width
+        others = set().union(*(nodes for key, nodes in running_on.items() if key != site.key))
         out.append(
             GroupState(
                 pool=site.pool,
                 index=site.index,
-                nnodes=pool_layout(specs[site.pool], spec.topology).nodes,  # type: ignore[index]
+                nnodes=nnodes,
                 template_hash=(desired_hashes or {}).get(obj["name"]) or ann.get(K.TEMPLATE_HASH, ""),
                 epoch=parse_time(ann.get(K.GROUP_EPOCH) or obj["created"]),
                 restarts=int(ann.get(K.GROUP_RESTARTS, "0")),
                 pods=tuple(sorted(by_instance.get(site.key, []), key=lambda p: p.rank)),
                 members=frozenset(filter(None, ann.get(K.GROUP_MEMBERS, "").split(","))),
                 moved=old is not None and old.nodes != site.nodes,
-                resized_from=len(old.nodes) if old is not None and len(old.nodes) != len(site.nodes) else 0,
+                resized_to=width if nnodes != width else 0,
+                new_nodes_busy=bool(others & set(site.nodes)),
                 unready_limit_s=startup_timeout_s(spec),
                 start=(starts or {}).get(site.key),
             )

@@ -165,13 +165,20 @@ def plan_topology(
                     req.pool, index, old.kind, old.label, old.domain, tuple(sorted(keep))
                 )
 
-    # Pass 2: place new (or displaced) instances, larger instances first (harder to fit).
+    # Pass 2: place new (or displaced) instances, larger instances first (harder to fit). Nodes
+    # where instances not kept still run (a width change rolls them one at a time) are used only
+    # when nothing else fits: a group planned onto them could not start before they restart.
     order = sorted(requests, key=lambda r: (-r.nodes_per_instance * r.gpus_per_node, r.pool))
+    still_running = {n for p in prev.values() if p.key not in sites for n in p.nodes}
     for req in order:
         for index in range(req.replicas):
             if (req.pool, index) in sites:
                 continue
-            placed = _place_one(req, index, by_name, taken, policy, sites, reqs)
+            own = set(prev[(req.pool, index)].nodes) if (req.pool, index) in prev else set()
+            avoid = still_running - own
+            placed = _place_one(req, index, by_name, taken | avoid, policy, sites, reqs)
+            if not isinstance(placed, InstanceSite) and avoid:
+                placed = _place_one(req, index, by_name, taken, policy, sites, reqs)
             if isinstance(placed, InstanceSite):
                 taken.update(placed.nodes)
                 sites[placed.key] = placed

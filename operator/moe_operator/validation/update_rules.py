@@ -83,7 +83,7 @@ def check_update(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> list[P
 
 
 def update_warnings(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> list[str]:
-    """What an update admits but costs: a pool's width cannot roll one instance at a time."""
+    """What an update admits but costs: a pool's width change restarts its instances (no surge)."""
     out: list[str] = []
     for pool in ("prefill", "decode"):
         old_nodes, new_nodes = (
@@ -93,9 +93,10 @@ def update_warnings(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> lis
         if _get(old_spec, pool) is None or _get(spec, pool) is None or old_nodes == new_nodes:
             continue
         out.append(
-            f"spec.{pool}.nodesPerReplica {old_nodes} -> {new_nodes} restarts every {pool} instance at once: "
-            "a group cannot change its width in place (every rank's world changes), so the pool serves "
-            "nothing until the new groups are ready (up to spec.engine.startupTimeout). To keep serving, "
-            "create a second MoEDeployment at the new width, move traffic to it, then delete this one"
+            f"spec.{pool}.nodesPerReplica {old_nodes} -> {new_nodes} restarts every {pool} instance: one at a "
+            "time while the cluster has free nodes for each new group beside the running ones, else all at "
+            "once (the pool then serves nothing until the new groups are ready); a restarting instance's "
+            "requests in flight are lost. To keep full capacity, create a second MoEDeployment at the new "
+            "width, move traffic to it, then delete this one"
         )
     return out
