@@ -101,10 +101,8 @@ def broken_reason(group: GroupState, now: datetime) -> str | None:
     start-up budget (a hung worker: its engine stopped answering /health) breaks it too: the
     kubelet restarts only what fails liveness, and one rank cannot rejoin its world alone."""
     if group.moved and group.resized_to:
-        return (
-            f"its width changes ({group.nnodes} -> {group.resized_to} nodes) onto nodes other instances still "
-            "run, and every rank's world with it"
-        )
+        where = " onto nodes other instances still run" if group.new_nodes_busy else ""
+        return f"its width changes ({group.nnodes} -> {group.resized_to} nodes){where}, and every rank's world with it"
     if group.moved:
         return "the planner moved the instance to other nodes"
     for p in sorted(group.pods, key=lambda p: p.rank):
@@ -194,9 +192,9 @@ def restarts_after(group: GroupState, now: datetime) -> int:
     return 1 if stable_for > STABLE_RESET_S else group.restarts + 1
 
 
-def pool_may_roll(groups: Sequence[GroupState]) -> bool:
-    """Roll the next instance only when every instance of the pool is ready and updated, or
-    when none is ready anyway (nothing serving to protect)."""
-    if not any(is_ready(g) for g in groups):
-        return True
-    return all(is_ready(g) for g in groups)
+def pool_may_roll(groups: Sequence[GroupState], group: GroupState) -> bool:
+    """May ``group`` roll now: when every other instance of the pool is ready, or when none is
+    ready at all (nothing serving to protect). A group that is not ready itself (pending, say)
+    serves nothing, so it does not wait for the others."""
+    others = [g for g in groups if (g.pool, g.index) != (group.pool, group.index)]
+    return all(is_ready(g) for g in others) or not any(is_ready(g) for g in groups)

@@ -324,3 +324,18 @@ def test_a_new_pool_shape_starts_the_placement_over_without_a_warning(
     assert not [e for e in two.events if "not a valid placement" in e], two.events
     assert [e for e in two.events if "v1 was placed for another pool shape" in e], two.events
     assert a.doc is not None and b.doc is not None  # the rolled-away pods kept what they had
+
+
+def test_a_new_version_of_another_shape_is_refused_not_noted(two: Loop) -> None:
+    """Only a version the loop already knows passes as the earlier shape's: one written above it by
+    hand, whatever its shape, is refused with a warning (and the failure metric) as before."""
+    assert two.tick()["version"] == 1
+    cm = two.kube.objects[LIVE]
+    when = control_loop.datetime.fromtimestamp(two.now, control_loop.UTC)
+    doc = document.render(99, trivial_map(L, E, E + 2 * R), when)
+    two.kube.objects[LIVE] = {**cm, "data": {"placement.json": json.dumps(doc)}}
+    for rt in two.runtimes.values():  # unreachable this time: only the ConfigMap is read
+        rt.up = False
+    two.tick()
+    assert [e for e in two.events if "not a valid placement" in e], two.events
+    assert not [e for e in two.events if "another pool shape" in e], two.events

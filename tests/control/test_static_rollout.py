@@ -64,15 +64,14 @@ def test_a_new_static_placement_rolls_one_instance_at_a_time() -> None:
         return GroupState("decode", index, 4, new, now, 0, pods, frozenset(p.uid for p in pods))
 
     groups = [group(0, old), group(1, old)]
-    may_roll = pool_may_roll(groups)
-    first = decide(groups[0], now, may_roll)
+    first = decide(groups[0], now, pool_may_roll(groups, groups[0]))
     assert (first.action, first.reason) == ("restart", "RollingOut")
     # instance 0 restarting (not ready): instance 1 waits
     rolling = [group(0, new, ready=False), group(1, old)]
-    assert decide(rolling[1], now, pool_may_roll(rolling)).action == "none"
+    assert decide(rolling[1], now, pool_may_roll(rolling, rolling[1])).action == "none"
     # instance 0 back on the new placement: instance 1 rolls
     done = [group(0, new), group(1, old)]
-    assert decide(done[1], now, pool_may_roll(done)).reason == "RollingOut"
+    assert decide(done[1], now, pool_may_roll(done, done[1])).reason == "RollingOut"
 
 
 def test_placement_versions_reads_status() -> None:

@@ -102,6 +102,15 @@ def test_a_statefulset_changing_width_is_held_while_its_group_runs() -> None:
     assert "m-decode-0" in {o["metadata"]["name"] for o in held.apply if o["kind"] == "StatefulSet"}
     same_width = _desired(mode="engine")  # a new template at the same width: applied (OnDelete rolls it)
     assert not diff_children(same_width, observed, {}, [_pod(0, instance=1)]).hold
+    # the held group may still run in an NVLink domain of the old plan: its ComputeDomain stays
+    observed[("ComputeDomain", "m-cd-old")] = {
+        "kind": "ComputeDomain",
+        "name": "m-cd-old",
+        "specHash": "x",
+        "annotations": {},
+    }
+    assert ("ComputeDomain", "m-cd-old") not in diff_children(wide, observed, {}, [_pod(0, instance=1)]).prune
+    assert ("ComputeDomain", "m-cd-old") in diff_children(wide, observed, {}, []).prune
 
 
 WIDE_PLAN = TopologyPlan(
@@ -159,13 +168,25 @@ def test_a_width_change_rolls_one_instance_at_a_time_onto_free_nodes() -> None:
     booting = replace(_group(0, ready=False), nnodes=4)
     assert group_actions([booting, resized[1]], NOW, nodes={"n0"}).restarts == []
     assert [r.group.index for r in group_actions([_group(0), resized[1]], NOW, nodes={"n0"}).restarts] == [1]
-    # planned onto nodes the other instances still run: all at once, as before
-    busy = [replace(g, new_nodes_busy=True) for g in resized]
-    actions = group_actions(busy, NOW, nodes={"n0"})
-    assert [r.group.index for r in actions.restarts] == [0, 1]
+    # one group planned onto nodes another still runs: every resized group restarts at once (a roll
+    # would wait for a group that cannot start until the one holding its nodes restarts)
+    one_busy = [
+        resized[0],
+        replace(resized[1], new_nodes_busy=True),
+        replace(_group(2), moved=True, resized_to=4),
+    ]
+    actions = group_actions(one_busy, NOW, nodes={"n0"})
+    assert [r.group.index for r in actions.restarts] == [0, 1, 2]
+    assert all(r.reason == Reason.GROUP_RESTARTING for r in actions.restarts)
     assert (
         "its width changes (2 -> 4 nodes) onto nodes other instances still run" in actions.restarts[0].message
     )
+    # a group not yet rolled whose node is gone restarts at once, as any moved group
+    lost = group_actions(
+        [_group(0), replace(_group(1, node="gone"), moved=True, resized_to=4)], NOW, nodes={"n0"}
+    )
+    assert [(r.group.index, r.reason) for r in lost.restarts] == [(1, Reason.GROUP_RESTARTING)]
+    assert "the planner moved the instance" in lost.restarts[0].message
     # a group moved for another reason (its node went away) restarts at once
     moved = group_actions([replace(_group(0), moved=True)], NOW, nodes={"n0"})
     assert "the planner moved the instance" in moved.restarts[0].message
@@ -174,6 +195,13 @@ def test_a_width_change_rolls_one_instance_at_a_time_onto_free_nodes() -> None:
     assert (
         group_actions([failed, resized[1]], NOW, nodes={"n0"}).restarts[0].reason == Reason.GROUP_RESTARTING
     )
+
+
+def test_an_instance_that_is_not_ready_rolls_without_waiting_for_itself() -> None:
+    """It serves nothing, so rolling it costs no capacity; the ready one waits for it."""
+    pending = _group(0, ready=False, phase="Pending", template="t0")
+    actions = group_actions([pending, _group(1, template="t0")], NOW, nodes={"n0"})
+    assert [(r.group.index, r.reason) for r in actions.restarts] == [(0, Reason.ROLLING_OUT)]
 
 
 def test_a_formed_world_gets_its_members_recorded_once() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from moe_operator.topology import nodepools
-from moe_operator.topology.planner import PoolRequest, TopologyPolicy, plan_topology
+from moe_operator.topology.planner import InstanceSite, PoolRequest, TopologyPolicy, plan_topology
 from moe_operator.topology.snapshot import NodeInfo, node_from_object
 
 POLICY = TopologyPolicy()
@@ -151,3 +151,23 @@ def test_a_width_change_plans_around_the_nodes_other_instances_still_run() -> No
     assert not packed.waiting  # every instance placed, some onto nodes the narrow ones still run
     used = {n for s in packed.sites for n in s.nodes}
     assert used & {n for s in narrow.sites for n in s.nodes}
+
+
+def test_a_wider_instance_starts_from_its_own_nodes_and_keeps_its_nvlink_domain() -> None:
+    """Two 2-node instances in one 8-node NVLink domain widen to 4: each takes its own nodes and two
+    free ones (so neither waits on the other), and not a rack beside the domain."""
+
+    def node(name: str, clique: str | None) -> NodeInfo:
+        labels = {
+            "topology.kubernetes.io/zone": "z1",
+            **({"nvidia.com/gpu.clique": clique} if clique else {}),
+        }
+        return NodeInfo(name, labels, gpus=8)
+
+    nodes = [node(f"n{i}", "c1") for i in range(8)] + [node(f"r{i}", None) for i in range(6)]
+    before = [InstanceSite("decode", 0, "nvlink", "nvidia.com/gpu.clique", "c1", ("n4", "n5")),
+              InstanceSite("decode", 1, "nvlink", "nvidia.com/gpu.clique", "c1", ("n6", "n7"))]  # fmt: skip
+    plan = plan_topology([PoolRequest("decode", 2, 4, 8)], nodes, POLICY, before)
+    assert [s.kind for s in plan.sites] == ["nvlink", "nvlink"]
+    assert {"n4", "n5"} <= set(plan.sites[0].nodes) and {"n6", "n7"} <= set(plan.sites[1].nodes)
+    assert not set(plan.sites[0].nodes) & set(plan.sites[1].nodes)

@@ -155,8 +155,11 @@ def adopt_live(t: Tick) -> str:
     s, live = t.state, read_stored(cm, t.shape, t.now)
     if s.current is not None and live.version is not None and live.version <= s.version:
         return live.paused
+    if live.phy2log is None and live.other_shape and live.version is not None and live.version <= s.version:
+        note_other_shape(t, live)  # a version the loop knows, placed for the pool's earlier shape
+        return live.paused
     if live.phy2log is None:
-        (note_other_shape if live.other_shape else refuse)(t, live)
+        refuse(t, live)
         live = newest_kept(t) if s.current is None else live
         if live.phy2log is None:
             return live.paused

@@ -88,8 +88,12 @@ def diff_children(
         else:
             changes.apply.append(obj)
     wanted = {child_key(o) for o in desired}
-    # Only objects this reconciler rendered (they carry a spec hash) are pruned.
-    changes.prune.extend(key for key, c in observed.items() if c["specHash"] and key not in wanted)
+    # Only objects this reconciler rendered (they carry a spec hash) are pruned. While a group is
+    # held at its old width, the ComputeDomains of the old plan stay: it may still run in one.
+    keep = {"ComputeDomain"} if changes.hold else set()
+    changes.prune.extend(
+        key for key, c in observed.items() if c["specHash"] and key not in wanted and key[0] not in keep
+    )
     return changes
 
 

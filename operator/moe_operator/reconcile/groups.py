@@ -7,7 +7,7 @@ pool into a list of actions for the shell, keeping spec rolls one instance per p
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from moe_operator.api.conditions import Reason
@@ -37,11 +37,13 @@ class GroupActions:
 def group_actions(groups: Sequence[GroupState], now: datetime, nodes: Collection[str]) -> GroupActions:
     """``nodes``: the Nodes that exist. Rolls go one instance per pool at a time."""
     out = GroupActions()
+    groups = width_changes(groups, nodes)
     for pool in sorted({g.pool for g in groups}):
         mine = sorted((g for g in groups if g.pool == pool), key=lambda g: g.index)
-        may_roll = pool_may_roll(mine)
+        rolled = False
         for g in mine:
-            decision = decide(g, now, may_roll)
+            # an instance that is not ready serves nothing: rolling it costs no capacity
+            decision = decide(g, now, not rolled and pool_may_roll(mine, g))
             if decision.action == "none":
                 continue
             reason = Reason(decision.reason)
@@ -51,8 +53,23 @@ def group_actions(groups: Sequence[GroupState], now: datetime, nodes: Collection
                 orphans = tuple(p.name for p in g.pods if p.node and p.node not in nodes)
                 out.restarts.append(Restart(g, reason, decision.message, count, orphans))
             if reason == Reason.ROLLING_OUT:
-                may_roll = False
+                rolled = True
         for g in mine:
             if (g.pool, g.index) not in out.restarting and formed(g):
                 out.members.append((g, ",".join(sorted(p.uid for p in g.pods))))
+    return out
+
+
+def width_changes(groups: Sequence[GroupState], nodes: Collection[str]) -> list[GroupState]:
+    """Width changes that cannot roll: when any group was planned onto nodes another still runs,
+    every resized group restarts at once (a roll would wait on a group that cannot start); a
+    resized group with a pod on a Node that is gone restarts at once as a moved group."""
+    busy = any(g.moved and g.resized_to and g.new_nodes_busy for g in groups)
+    out = []
+    for g in groups:
+        if g.moved and g.resized_to and any(p.node and p.node not in nodes for p in g.pods):
+            g = replace(g, resized_to=0)
+        elif busy and g.moved and g.resized_to:
+            g = replace(g, new_nodes_busy=True)
+        out.append(g)
     return out

@@ -165,20 +165,23 @@ def plan_topology(
                     req.pool, index, old.kind, old.label, old.domain, tuple(sorted(keep))
                 )
 
-    # Pass 2: place new (or displaced) instances, larger instances first (harder to fit). Nodes
-    # where instances not kept still run (a width change rolls them one at a time) are used only
-    # when nothing else fits: a group planned onto them could not start before they restart.
+    # Pass 2: place new (or displaced) instances, larger instances first (harder to fit), each on
+    # its own earlier nodes first. Nodes where other instances not kept still run (a width change
+    # rolls them one at a time) are used only when no domain as good fits without them: a group
+    # planned onto them could not start before those restart.
     order = sorted(requests, key=lambda r: (-r.nodes_per_instance * r.gpus_per_node, r.pool))
     still_running = {n for p in prev.values() if p.key not in sites for n in p.nodes}
     for req in order:
         for index in range(req.replicas):
             if (req.pool, index) in sites:
                 continue
-            own = set(prev[(req.pool, index)].nodes) if (req.pool, index) in prev else set()
+            own = frozenset(prev[(req.pool, index)].nodes) if (req.pool, index) in prev else frozenset()
+            placed = _place_one(req, index, by_name, taken, policy, sites, reqs, own)
             avoid = still_running - own
-            placed = _place_one(req, index, by_name, taken | avoid, policy, sites, reqs)
-            if not isinstance(placed, InstanceSite) and avoid:
-                placed = _place_one(req, index, by_name, taken, policy, sites, reqs)
+            if isinstance(placed, InstanceSite) and avoid & set(placed.nodes):
+                spared = _place_one(req, index, by_name, taken | avoid, policy, sites, reqs, own)
+                if isinstance(spared, InstanceSite) and KIND_RANK[spared.kind] <= KIND_RANK[placed.kind]:
+                    placed = spared  # as good a kind of domain, without waiting on another instance
             if isinstance(placed, InstanceSite):
                 taken.update(placed.nodes)
                 sites[placed.key] = placed
@@ -186,6 +189,9 @@ def plan_topology(
                 waiting.append(placed)
     ordered = tuple(sorted(sites.values(), key=lambda p: (p.pool, p.index)))
     return TopologyPlan(ordered, tuple(sorted(waiting, key=lambda w: (w.pool, w.index))))
+
+
+KIND_RANK = {"nvlink": 0, "node": 0, "rack": 1}  # an NVLink domain (or one node) before a rack
 
 
 def _place_one(
@@ -196,6 +202,7 @@ def _place_one(
     policy: TopologyPolicy,
     sites: Mapping[tuple[str, int], InstanceSite],
     reqs: Mapping[str, PoolRequest],
+    own: frozenset[str] = frozenset(),
 ) -> InstanceSite | Waiting:
     free_nodes = [
         n for n in by_name.values() if n.name not in taken and _eligible(n, policy, req.gpus_per_node)
@@ -230,7 +237,7 @@ def _place_one(
     }
 
     def score(d: _Domain) -> tuple[int, int, int, int, str]:
-        kind_rank = {"nvlink": 0, "rack": 1, "node": 0}[d.kind]
+        kind_rank = KIND_RANK[d.kind]
         zones = {_zone(n.labels, policy) for n in d.nodes}
         near_other = 0 if not other_zones or zones & other_zones else 1
         spread = same_pool[(d.kind, d.name)]
@@ -239,7 +246,7 @@ def _place_one(
         return (kind_rank, first, second, len(d.nodes) - req.nodes_per_instance, d.name)
 
     best = min(fitting, key=score)
-    chosen = sorted(best.nodes, key=lambda n: (n.free_gpus - req.gpus_per_node, n.name))[
+    chosen = sorted(best.nodes, key=lambda n: (n.name not in own, n.free_gpus - req.gpus_per_node, n.name))[
         : req.nodes_per_instance
     ]
     return InstanceSite(
