@@ -14,7 +14,7 @@ from moe_operator.lifecycle import GroupState, PodState
 from moe_operator.reconcile.backend import backend_unavailable, leaderworkerset_state
 from moe_operator.reconcile.children import diff_children
 from moe_operator.reconcile.groups import group_actions
-from moe_operator.reconcile.observe import trusted_pods
+from moe_operator.reconcile.observe import group_states, trusted_pods
 from moe_operator.reconcile.status import compute_status, ready_event, stop_status
 from moe_operator.reconcile.token import instance_of, key_of
 from moe_operator.render.children import render_children
@@ -113,6 +113,22 @@ def test_a_statefulset_changing_width_is_held_while_its_group_runs() -> None:
     assert ("ComputeDomain", "m-cd-old") in diff_children(wide, observed, {}, []).prune
 
 
+def test_a_group_object_applied_moments_ago_is_at_its_planned_site() -> None:
+    """A reconcile that still sees the old width in the watch would roll the group a second time."""
+    spec = gb200_decode_spec()
+    old = render_children(spec, OWNER, WIDE_PLAN, RuntimeSettings())
+    objects = [
+        {"kind": o["kind"], "name": o["metadata"]["name"], "annotations": o["metadata"]["annotations"],
+         "created": "2026-12-01T11:00:00Z"}
+        for o in old
+        if o["kind"] == "StatefulSet"
+    ]  # fmt: skip
+    lagging = group_states(spec, "m", objects, [], TWO_CLIQUE_PLAN)
+    assert [(g.moved, g.nnodes, g.resized_to) for g in lagging] == [(True, 8, 4), (True, 8, 4)]
+    settled = group_states(spec, "m", objects, [], TWO_CLIQUE_PLAN, settled={"m-decode-0"})
+    assert [(g.moved, g.nnodes, g.resized_to) for g in settled] == [(False, 4, 0), (True, 8, 4)]
+
+
 WIDE_PLAN = TopologyPlan(
     sites=tuple(
         InstanceSite(
@@ -181,6 +197,11 @@ def test_a_width_change_rolls_one_instance_at_a_time_onto_free_nodes() -> None:
     assert (
         "its width changes (2 -> 4 nodes) onto nodes other instances still run" in actions.restarts[0].message
     )
+    # the same when the group planned onto running nodes is not resized itself (a new instance)
+    pending_new = replace(_group(2, ready=False, phase="Pending"), new_nodes_busy=True)
+    actions = group_actions([*resized, pending_new], NOW, nodes={"n0"})
+    assert [(r.group.index, r.reason) for r in actions.restarts][:2] == [(0, Reason.GROUP_RESTARTING),
+                                                                        (1, Reason.GROUP_RESTARTING)]  # fmt: skip
     # a group not yet rolled whose node is gone restarts at once, as any moved group
     lost = group_actions(
         [_group(0), replace(_group(1, node="gone"), moved=True, resized_to=4)], NOW, nodes={"n0"}

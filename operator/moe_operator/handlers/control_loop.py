@@ -194,7 +194,8 @@ def note_other_shape(t: Tick, live: StoredPlacement) -> None:
     t.state.refused = key
     t.event(Reason.PLACEMENT_SHAPE_CHANGED,
             f"{t.pool}: v{live.version} was placed for another pool shape; the pool now has "
-            f"{t.shape.num_slots} expert slots per layer on {t.shape.num_gpus} GPUs and plans for them afresh")  # fmt: skip
+            f"{t.shape.num_slots} expert slots per layer on {t.shape.num_gpus} GPUs and plans for them afresh"
+            + (f" once its placement is no longer paused ({live.paused})" if live.paused else ""))  # fmt: skip
 
 
 def start_over_on_new_shape(t: Tick) -> None:

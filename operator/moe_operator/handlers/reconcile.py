@@ -137,14 +137,19 @@ def _steps(t: Target) -> None:
     )  # fmt: skip
     observed = {(c["kind"], c["name"]): c for c in children}
     pods = trusted_pods(t.pods(), group_objects, t.owner.name)
-    changes = diff_children(desired, observed, t.state.recently_applied(time.time()), pods)
+    recent = t.state.recently_applied(time.time())  # by earlier reconciles: before this one applies
+    changes = diff_children(desired, observed, recent, pods)
     apply_and_prune(t, changes)
-    hashes = {
-        o["metadata"]["name"]: o["metadata"]["annotations"][K.TEMPLATE_HASH]
-        for o in desired
-        if o["kind"] == backend
+    workloads = [o for o in desired if o["kind"] == backend]
+    hashes = {o["metadata"]["name"]: o["metadata"]["annotations"][K.TEMPLATE_HASH] for o in workloads}
+    settled = {
+        o["metadata"]["name"]
+        for o in workloads
+        if recent.get(child_key(o)) == o["metadata"]["annotations"][K.SPEC_HASH]
     }
-    groups = group_states(spec, t.owner.name, group_objects, pods, plan, hashes, read_starts(t, pods))
+    groups = group_states(
+        spec, t.owner.name, group_objects, pods, plan, hashes, read_starts(t, pods), settled
+    )
     actions = group_actions(groups, t.now, t.indexes["node_index"])
     posted = act_on_groups(t, actions, changes, backend)
     router = next((c for c in children if c["kind"] == "Deployment"), None)

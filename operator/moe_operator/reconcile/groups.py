@@ -61,10 +61,11 @@ def group_actions(groups: Sequence[GroupState], now: datetime, nodes: Collection
 
 
 def width_changes(groups: Sequence[GroupState], nodes: Collection[str]) -> list[GroupState]:
-    """Width changes that cannot roll: when any group was planned onto nodes another still runs,
-    every resized group restarts at once (a roll would wait on a group that cannot start); a
-    resized group with a pod on a Node that is gone restarts at once as a moved group."""
-    busy = any(g.moved and g.resized_to and g.new_nodes_busy for g in groups)
+    """Width changes that cannot roll: when any group (resized or not: a new instance, say) was
+    planned onto nodes another still runs, every resized group of the deployment restarts at once
+    (a roll would wait on a group that cannot start); a resized group with a pod on a Node that
+    is gone restarts at once as a moved group."""
+    busy = any(g.new_nodes_busy for g in groups)
     out = []
     for g in groups:
         if g.moved and g.resized_to and any(p.node and p.node not in nodes for p in g.pods):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -92,10 +92,13 @@ def group_states(
     plan: TopologyPlan,
     desired_hashes: Mapping[str, str] | None = None,
     starts: Mapping[tuple[str, int], StartReport] | None = None,
+    settled: Collection[str] = (),
 ) -> list[GroupState]:
     """One GroupState per existing instance group object (StatefulSet or LeaderWorkerSet) that the
     plan keeps. ``desired_hashes`` (instance name -> pod template hash just rendered) is the
-    template the group should run, ahead of what the watch has delivered."""
+    template the group should run, ahead of what the watch has delivered. ``settled``: group objects
+    an earlier reconcile applied as now desired, moments ago: they are at their planned site even
+    while the watch still shows the old one (else a lagging copy would move or roll them again)."""
     by_instance: dict[tuple[str, int], list[PodState]] = {}
     for pod in pods:
         if pod["deleting"]:
@@ -118,13 +121,14 @@ def group_states(
     out = []
     by_name = {g["name"]: g for g in group_objects}
     specs = pools(spec)
-    running_on = {key: {p.node for p in states if p.node} for key, states in by_instance.items()}
+    planned = {site.key for site in plan.sites}  # instances left out are being removed
+    running_on = {k: {p.node for p in states if p.node} for k, states in by_instance.items() if k in planned}
     for site in plan.sites:
         obj = by_name.get(L.instance_name(name, site.pool, site.index))
         if obj is None:
             continue
         ann = obj["annotations"]
-        old = previous.get(site.key)
+        old = None if obj["name"] in settled else previous.get(site.key)
         width = pool_layout(specs[site.pool], spec.topology).nodes  # type: ignore[index]
         # a group whose width changes runs at its old width until its roll (its object is held back)
         nnodes = len(old.nodes) if old is not None else width

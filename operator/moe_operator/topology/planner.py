@@ -165,8 +165,8 @@ def plan_topology(
                     req.pool, index, old.kind, old.label, old.domain, tuple(sorted(keep))
                 )
 
-    # Pass 2: place new (or displaced) instances, larger instances first (harder to fit), each on
-    # its own earlier nodes first. Nodes where other instances not kept still run (a width change
+    # Pass 2: place new (or displaced) instances, larger instances first (harder to fit); one whose
+    # width changed on its own earlier nodes first. Nodes where other instances not kept still run (a width change
     # rolls them one at a time) are used only when no domain as good fits without them: a group
     # planned onto them could not start before those restart.
     order = sorted(requests, key=lambda r: (-r.nodes_per_instance * r.gpus_per_node, r.pool))
@@ -175,11 +175,13 @@ def plan_topology(
         for index in range(req.replicas):
             if (req.pool, index) in sites:
                 continue
-            own = frozenset(prev[(req.pool, index)].nodes) if (req.pool, index) in prev else frozenset()
-            placed = _place_one(req, index, by_name, taken, policy, sites, reqs, own)
+            before = prev.get((req.pool, index))
+            own = frozenset(before.nodes) if before is not None else frozenset()
+            resized = own if before is not None and len(own) != req.nodes_per_instance else frozenset()
+            placed = _place_one(req, index, by_name, taken, policy, sites, reqs, resized)
             avoid = still_running - own
             if isinstance(placed, InstanceSite) and avoid & set(placed.nodes):
-                spared = _place_one(req, index, by_name, taken | avoid, policy, sites, reqs, own)
+                spared = _place_one(req, index, by_name, taken | avoid, policy, sites, reqs, resized)
                 if isinstance(spared, InstanceSite) and KIND_RANK[spared.kind] <= KIND_RANK[placed.kind]:
                     placed = spared  # as good a kind of domain, without waiting on another instance
             if isinstance(placed, InstanceSite):
