@@ -23,20 +23,25 @@ def gb200_decode_spec(mode: str = "operator") -> MoEDeploymentSpec:
     return MoEDeploymentSpec.model_validate(obj["spec"])
 
 
-TWO_CLIQUE_PLAN = TopologyPlan(
-    sites=tuple(
-        InstanceSite(
-            "decode",
-            i,
-            "nvlink",
-            "nvidia.com/gpu.clique",
-            f"clique-{i}",
-            tuple(f"n{i}-{r}" for r in range(4)),
-        )
-        for i in range(2)
-    ),
-    waiting=(),
-)
+def clique_plan(nodes: int) -> TopologyPlan:
+    """Two decode instances of ``nodes`` nodes, each in its own NVLink clique."""
+    return TopologyPlan(
+        sites=tuple(
+            InstanceSite(
+                "decode",
+                i,
+                "nvlink",
+                "nvidia.com/gpu.clique",
+                f"clique-{i}",
+                tuple(f"n{i}-{r}" for r in range(nodes)),
+            )
+            for i in range(2)
+        ),
+        waiting=(),
+    )
+
+
+TWO_CLIQUE_PLAN = clique_plan(4)
 
 
 def example_spec(name: str) -> MoEDeploymentSpec:

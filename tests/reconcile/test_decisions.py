@@ -20,8 +20,8 @@ from moe_operator.reconcile.token import instance_of, key_of
 from moe_operator.render.children import render_children
 from moe_operator.render.group import Owner, RuntimeSettings
 from moe_operator.render.shared import token_secret
-from moe_operator.topology.planner import InstanceSite, TopologyPlan, Waiting
-from render_cases import TWO_CLIQUE_PLAN, gb200_decode_spec
+from moe_operator.topology.planner import TopologyPlan, Waiting
+from render_cases import TWO_CLIQUE_PLAN, clique_plan, gb200_decode_spec
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 OWNER = Owner("m", "ns", "uid-1")
@@ -129,20 +129,7 @@ def test_a_group_object_applied_moments_ago_is_at_its_planned_site() -> None:
     assert [(g.moved, g.nnodes, g.resized_to) for g in settled] == [(False, 4, 0), (True, 8, 4)]
 
 
-WIDE_PLAN = TopologyPlan(
-    sites=tuple(
-        InstanceSite(
-            "decode",
-            i,
-            "nvlink",
-            "nvidia.com/gpu.clique",
-            f"clique-{i}",
-            tuple(f"n{i}-{r}" for r in range(8)),
-        )
-        for i in range(2)
-    ),
-    waiting=(),
-)
+WIDE_PLAN = clique_plan(8)
 
 
 def _group(index: int, *, ready: bool = True, template: str = "t1", restarts: int = 0, phase: str = "Running",

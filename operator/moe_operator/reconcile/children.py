@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from moe_operator.api import keys as K
+from moe_operator.reconcile.observe import recorded_site
 from moe_operator.render.compute_domain import COMPUTE_DOMAIN_API_VERSION
 from moe_operator.render.group import LWS_API_VERSION
 
@@ -120,6 +120,7 @@ def template_change_of_running(
 def _width(annotations: Mapping[str, Any]) -> int | None:
     """Nodes of an instance, from its group object's topology annotation (None when unreadable)."""
     try:
-        return len(json.loads(annotations[K.INSTANCE_NODES])["nodes"])
+        site = recorded_site(annotations)
+        return None if site is None else len(site["nodes"])
     except (KeyError, TypeError, ValueError):
         return None

@@ -40,19 +40,26 @@ def node_snapshot(
     return out
 
 
+def recorded_site(annotations: Mapping[str, Any]) -> Any:
+    """A group object's topology annotation (in either format it was written in), parsed; None
+    when it has none."""
+    raw = annotations.get(K.INSTANCE_NODES) or annotations.get(K.INSTANCE_NODES_BEFORE_0_2)
+    return json.loads(raw) if raw else None
+
+
 def previous_sites(groups: Iterable[Mapping[str, Any]], name: str) -> list[InstanceSite]:
     """Where each instance ran, from its group object's (StatefulSet or LeaderWorkerSet) annotation."""
     out = []
     for group in groups:
-        annotations = group["annotations"]
-        raw = annotations.get(K.INSTANCE_NODES) or annotations.get(K.INSTANCE_NODES_BEFORE_0_2)
         prefix = f"{name}-"
-        if not raw or not group["name"].startswith(prefix):
+        if not group["name"].startswith(prefix):
             continue
         pool, _, index = group["name"][len(prefix) :].rpartition("-")
         if not index.isdigit() or pool not in ("prefill", "decode"):
             continue
-        p = json.loads(raw)
+        p = recorded_site(group["annotations"])
+        if p is None:
+            continue
         out.append(InstanceSite(pool, int(index), p["kind"], p["label"], p["domain"], tuple(p["nodes"])))
     return out
 
