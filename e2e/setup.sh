@@ -44,5 +44,10 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*; touch "$stamp"
 fi
 
+# The placement planner's compiled loops (numba, placement/moe_placement/compiled.py): compiled
+# once here (~15 s) into numba's on-disk cache, so the sandbox's runtimes and the tests load them.
+step "compiling the placement planner's loops (numba; cached)"
+.venv/bin/python -c 'from moe_placement.compiled import warm; warm()'
+
 step "building the sandbox's pinned upstream binaries (first time: 15-30 min on 2 cores; then cached)"
 .venv/bin/moe-sandbox build

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import compiled
 from .layout import FloatArray, IntArray
 
 
@@ -36,6 +37,16 @@ def lpt(weight: FloatArray, expert: IntArray, num_experts: int, bins: Bins) -> I
     if bins.slots == 1:
         return _one_slot_layout(weight, expert, bins)
     order = np.argsort(-weight, axis=1, kind="stable")
+    sorted_w = np.take_along_axis(weight, order, axis=1)
+    sorted_e = np.take_along_axis(expert, order, axis=1)
+    if compiled.ENABLED:
+        layout = np.full((rows, bins.num_gpus, bins.slots), -1, dtype=np.int64)
+        compiled.lpt_fill(
+            order.astype(np.int64), np.ascontiguousarray(sorted_w, dtype=np.float64),
+            sorted_e.astype(np.int64), np.ascontiguousarray(bins.domain, dtype=np.int64),
+            bins.num_domains, num_experts, bins.slots, layout,
+        )  # fmt: skip
+        return separate_copies(layout, weight, expert, bins)
     gpu_load = np.zeros((rows, bins.num_gpus))
     fill = np.zeros((rows, bins.num_gpus), dtype=np.int64)
     layout = np.full((rows, bins.num_gpus, bins.slots), -1, dtype=np.int64)
@@ -43,8 +54,6 @@ def lpt(weight: FloatArray, expert: IntArray, num_experts: int, bins: Bins) -> I
     dom_base = (bins.domain * num_experts)[None, :]
     row_ids = np.arange(rows)
     full = np.inf
-    sorted_w = np.take_along_axis(weight, order, axis=1)
-    sorted_e = np.take_along_axis(expert, order, axis=1)
     for step in range(num_items):
         e = sorted_e[:, step]
         clash = np.take_along_axis(present, dom_base + e[:, None], axis=1)
@@ -78,15 +87,10 @@ def separate_copies(layout: IntArray, weight: FloatArray, expert: IntArray, bins
             if dup.size == 0:
                 break
             pos = int(np.flatnonzero(key == key[first[dup[0]]])[1])  # the second copy in that domain
-            here = {int(x) for x in e[dom == dom[pos]]}
-            ok = np.array(
-                [
-                    dom[q] != dom[pos]
-                    and int(e[q]) not in here
-                    and int(e[pos]) not in set(e[dom == dom[q]].tolist())
-                    for q in range(flat.size)
-                ]
-            )
+            held = np.zeros((int(dom.max()) + 1, width), dtype=bool)  # which experts each domain holds
+            held[dom, e] = True
+            # a partner q elsewhere whose expert pos's domain lacks, in a domain lacking pos's expert
+            ok = (dom != dom[pos]) & ~held[dom[pos], e] & ~held[dom, e[pos]]
             if not ok.any():
                 break  # more copies than domains: nothing to do
             cand = np.flatnonzero(ok)

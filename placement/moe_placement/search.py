@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import compiled
 from .layout import BoolArray, FloatArray, IntArray
 from .packing import Bins
 
@@ -97,13 +98,16 @@ def pair_refine(
     # with ``held``, an exchange that moves copies on or back home loads none (or frees some):
     # a spent budget still allows those, so a row stops for want of exchanges, not at zero
     stop_at = 0 if held is None else -1
+    if compiled.ENABLED:
+        return _compiled_rounds(item_load, item_expert, num_experts, bins, layout, left, held, swaps is not None,
+                                patience, max_rounds, stop_at)  # fmt: skip
     idle = np.zeros(rows, dtype=np.int64)  # consecutive rounds without an exchange
     # the rows still searching, their layouts, item loads and GPU loads; compacted when a row
     # stops (gathering [B, I, K] item loads every round cost as much as a round's search)
     idx = np.flatnonzero(left > stop_at)
     sub = layout[idx]
     zl = item_load[idx].astype(np.float32)
-    zmean = zl.mean(axis=2)  # [n, I]: bounds the exchanges' gains
+    zmean = zl.mean(axis=2, dtype=np.float64)  # [n, I]: bounds the exchanges' gains
     zl_expert = item_expert[idx]
     load = gpu_scenario_loads(zl, sub)  # [n, G, K]
     before = expected_peak(load)  # J of each working row, carried from round to round
@@ -167,6 +171,46 @@ def pair_refine(
     return layout
 
 
+def _compiled_rounds(
+    item_load: FloatArray,
+    item_expert: IntArray,
+    num_experts: int,
+    bins: Bins,
+    layout: IntArray,
+    left: IntArray,
+    held: BoolArray | None,
+    budget: bool,
+    patience: int,
+    max_rounds: int,
+    stop_at: int,
+) -> IntArray:
+    """The rounds below, compiled (compiled.py): the same layouts, an order of magnitude sooner."""
+    zl = np.ascontiguousarray(item_load, dtype=np.float32)
+    out = np.ascontiguousarray(layout, dtype=np.int64)
+    rows = out.shape[0]
+    compiled.refine_rounds(
+        zl,
+        zl.mean(axis=2, dtype=np.float64),
+        np.ascontiguousarray(item_expert, dtype=np.int64),
+        np.ascontiguousarray(bins.domain, dtype=np.int64),
+        bins.num_domains,
+        num_experts,
+        out,
+        np.ascontiguousarray(gpu_scenario_loads(zl, out)),
+        left,
+        np.zeros((rows, 1, 1), dtype=np.bool_)
+        if held is None
+        else np.ascontiguousarray(held, dtype=np.bool_),
+        held is not None,
+        budget,
+        patience,
+        max_rounds,
+        stop_at,
+        np.array([TOLERANCE, SCREEN_SLACK, MIN_FOCUS, MAX_PARTNERS, PRICE_FLOOR]),
+    )
+    return out.astype(layout.dtype, copy=False)
+
+
 def _pairs(load: AnyFloat, rnd: int) -> tuple[IntArray, IntArray, IntArray, AnyFloat]:
     """Focus GPUs [n, F] (the bottleneck in some scenario, then the heaviest on average) and their
     partners [n, F, M] (the lightest, a different pairing each round; all disjoint); also the
@@ -175,7 +219,7 @@ def _pairs(load: AnyFloat, rnd: int) -> tuple[IntArray, IntArray, IntArray, AnyF
     nl = np.arange(n)
     peak = load.argmax(axis=1)  # [n, K]
     freq = np.bincount((nl[:, None] * num_gpus + peak).ravel(), minlength=n * num_gpus).reshape(n, num_gpus)
-    mean = load.mean(axis=2)
+    mean = load.mean(axis=2, dtype=np.float64)
     crit = freq + mean / np.maximum(mean.max(axis=1, keepdims=True), 1e-30)
     order = np.argsort(-crit, axis=1, kind="stable")
     # at least MIN_FOCUS GPUs move at once: with few scenarios (the mean alone) the heaviest
@@ -316,7 +360,7 @@ def _screened_exchanges(
         pair.gpu_mean[nl[:, None, None], pair.partner][..., None, None] - md,
     )
     if not np.isneginf(pair.floor).all():
-        bound = np.maximum(bound, pair.floor.mean(axis=1)[:, None, None, None, None])
+        bound = np.maximum(bound, pair.floor.mean(axis=1, dtype=np.float64)[:, None, None, None, None])
     current = pair.current[..., None, None]
     if price is None:
         reach = TOLERANCE * np.maximum(before, 1e-30)[:, None, None, None, None]
