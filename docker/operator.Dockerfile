@@ -32,7 +32,8 @@ RUN python3 -m venv /opt/moe-operator \
  && rm -rf "$site/kubernetes/aio" \
  && find "$site/numpy" -depth -type d -name tests -exec rm -rf {} + \
  && /opt/moe-operator/bin/moe-operator --help >/dev/null \
- && /opt/moe-operator/bin/python -c "import kubernetes.client, kubernetes.config, numpy, moe_operator.cli.run"
+ && /opt/moe-operator/bin/python -c "import kubernetes.client, kubernetes.config, numpy, moe_operator.cli.run; \
+import moe_placement.compiled as c; assert c.AVAILABLE, 'numba (moe-placement[fast]) is missing'"
 
 FROM ${PYTHON_IMAGE}
 ARG MOE_OPERATOR_VERSION=0.1.0
