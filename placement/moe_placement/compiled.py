@@ -32,6 +32,14 @@ ENABLED = AVAILABLE
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def require_indices(name: str, values: Any, upper: int) -> None:
+    """Every index in [0, upper): compiled loops do not check bounds (numpy would raise), so a bad
+    index must stop here, as a ValueError, not read or write outside an array."""
+    values = np.asarray(values)
+    if values.size and (values.min() < 0 or values.max() >= upper):
+        raise ValueError(f"{name}: indices must lie in [0, {upper}), got {values.min()}..{values.max()}")
+
+
 def _jit(fn: F) -> F:
     """Compiled lazily on first use, cached on disk where numba finds a writable place; unchanged
     without numba (then nothing calls it: the numpy code runs)."""

@@ -40,6 +40,10 @@ def lpt(weight: FloatArray, expert: IntArray, num_experts: int, bins: Bins) -> I
     sorted_w = np.take_along_axis(weight, order, axis=1)
     sorted_e = np.take_along_axis(expert, order, axis=1)
     if compiled.ENABLED:
+        compiled.require_indices("lpt experts", expert, num_experts)
+        compiled.require_indices("lpt domains", bins.domain, bins.num_domains)
+        if num_items > bins.num_gpus * bins.slots:
+            raise ValueError(f"lpt: {num_items} copies for {bins.num_gpus * bins.slots} slots")
         layout = np.full((rows, bins.num_gpus, bins.slots), -1, dtype=np.int64)
         compiled.lpt_fill(
             order.astype(np.int64), np.ascontiguousarray(sorted_w, dtype=np.float64),

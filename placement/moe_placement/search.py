@@ -187,7 +187,16 @@ def _compiled_rounds(
     """The rounds below, compiled (compiled.py): the same layouts, an order of magnitude sooner."""
     zl = np.ascontiguousarray(item_load, dtype=np.float32)
     out = np.ascontiguousarray(layout, dtype=np.int64)
-    rows = out.shape[0]
+    rows, num_gpus, _ = out.shape
+    if item_expert.shape != zl.shape[:2] or zl.shape[0] != rows or bins.domain.shape != (num_gpus,):
+        raise ValueError(
+            f"pair_refine: loads {zl.shape}, experts {item_expert.shape}, layout {out.shape} disagree"
+        )
+    if held is not None and held.shape != (rows, num_gpus, num_experts):
+        raise ValueError(f"pair_refine: held {held.shape}, expected {(rows, num_gpus, num_experts)}")
+    compiled.require_indices("pair_refine layout", out, zl.shape[1])
+    compiled.require_indices("pair_refine experts", item_expert, num_experts)
+    compiled.require_indices("pair_refine domains", bins.domain, bins.num_domains)
     compiled.refine_rounds(
         zl,
         zl.mean(axis=2, dtype=np.float64),

@@ -123,3 +123,19 @@ def test_without_a_writable_cache_the_loops_still_compile(monkeypatch: pytest.Mo
 
     jitted = compiled._jit(double)
     assert jitted(3.0) == 6.0 and jitted._cache.__class__.__name__ == "NullCache"
+
+
+def test_an_index_out_of_range_is_refused_before_the_compiled_loops_see_it() -> None:
+    # the loops do not check bounds: a bad item or expert id would read outside an array there
+    c = _case(1)
+    bins = c["bins"]
+    assert isinstance(bins, Bins) and compiled.ENABLED
+    start = lpt(c["weight"], c["expert"], c["experts"], bins)
+    bad = start.copy()
+    bad[0, 0, 0] = start.size  # no such copy
+    with pytest.raises(ValueError, match="layout"):
+        pair_refine(c["loads"], c["expert"], c["experts"], bins, bad)
+    experts = np.array(c["expert"]).copy()
+    experts[0, 0] = -1
+    with pytest.raises(ValueError, match="experts"):
+        lpt(c["weight"], experts, c["experts"], bins)
