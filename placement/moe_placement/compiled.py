@@ -4,9 +4,10 @@ The numpy versions spend most of their time dispatching small array operations (
 has a few hundred candidate exchanges per round of search.pair_refine, and the greedy of
 packing.lpt places one copy per step), so the same loops over one row at a time run several
 times faster. Every decision follows the numpy code step for step: the same float32 loads
-updated by the same operations, float64 means of float32 values (exact in any summation order
-at these magnitudes, so numpy's pairwise sums and these loops agree), the same stable orders
-and first-of-equals ties. tests/placement/test_compiled.py holds both to identical layouts.
+updated by the same operations, float64 sums of loads that search.on_grid puts on one grid per
+row (so every sum is exact in any order, and numpy's pairwise sums and these loops agree), the
+same stable orders and first-of-equals ties. tests/placement/test_compiled.py holds both to
+identical layouts. These loops check no bounds: the callers check every index first.
 The only coupling between rows in the search is how many GPUs focus in a round (the most
 bottlenecks of any row still searching), taken before any row of the round moves.
 
@@ -274,9 +275,9 @@ def _row_round(
                         limit = np.inf  # a sum at least this cannot change what the round does
                         if found and with_held:  # to win, score (gain per copy loaded) must rise
                             beat = best_score[f] * max(price, price_floor) if best_score[f] > 0 else 0.0
-                            limit = (current - beat) * num_scen + 1e-6 * suffix[0]
+                            limit = (current - beat) * num_scen + 1e-6 * abs(suffix[0])
                         elif found:  # to matter, gain must pass both the best so far and ``reach``
-                            limit = (current - max(reach, best_gain[f])) * num_scen + 1e-6 * suffix[0]
+                            limit = (current - max(reach, best_gain[f])) * num_scen + 1e-6 * abs(suffix[0])
                         # four float64 sums side by side: exact, like every sum here (order-free);
                         # stopped once what is summed plus the bound on the rest reaches ``limit``
                         c0 = c1 = c2 = c3 = 0.0
@@ -406,12 +407,12 @@ def lpt_fill(
         present[:, :] = False
         for step in range(num_items):
             e = sorted_e[r, step]
-            gpu, low = 0, np.inf
+            gpu, low = -1, np.inf  # the first of the lightest with room (weights are finite)
             for g in range(num_gpus):
-                key = gpu_load[g] + 1e300 if present[domain[g], e] else gpu_load[g]
                 if fill[g] >= slots:
-                    key = np.inf
-                if key < low or g == 0:
+                    continue
+                key = gpu_load[g] + 1e300 if present[domain[g], e] else gpu_load[g]
+                if gpu < 0 or key < low:
                     gpu, low = g, key
             layout[r, gpu, fill[gpu]] = order[r, step]
             fill[gpu] += 1

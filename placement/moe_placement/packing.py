@@ -23,6 +23,10 @@ class Bins:
     slots: int
     domain: IntArray
 
+    def __post_init__(self) -> None:
+        if np.shape(self.domain) != (self.num_gpus,):
+            raise ValueError(f"Bins: domain has shape {np.shape(self.domain)}, expected ({self.num_gpus},)")
+
     @property
     def num_domains(self) -> int:
         return int(self.domain.max()) + 1
@@ -39,15 +43,18 @@ def lpt(weight: FloatArray, expert: IntArray, num_experts: int, bins: Bins) -> I
     order = np.argsort(-weight, axis=1, kind="stable")
     sorted_w = np.take_along_axis(weight, order, axis=1)
     sorted_e = np.take_along_axis(expert, order, axis=1)
+    # a GPU holding the expert already is kept for last by adding 1e300: loads must stay well below
+    if not (np.isfinite(weight).all() and np.abs(weight).sum(axis=1, initial=0.0).max(initial=0.0) < 1e290):
+        raise ValueError("lpt: weights must be finite, each row's total below 1e290")
+    if num_items > bins.num_gpus * bins.slots:
+        raise ValueError(f"lpt: {num_items} copies for {bins.num_gpus * bins.slots} slots")
     if compiled.ENABLED:
         compiled.require_indices("lpt experts", expert, num_experts)
         compiled.require_indices("lpt domains", bins.domain, bins.num_domains)
-        if num_items > bins.num_gpus * bins.slots:
-            raise ValueError(f"lpt: {num_items} copies for {bins.num_gpus * bins.slots} slots")
         layout = np.full((rows, bins.num_gpus, bins.slots), -1, dtype=np.int64)
         compiled.lpt_fill(
-            order.astype(np.int64), np.ascontiguousarray(sorted_w, dtype=np.float64),
-            sorted_e.astype(np.int64), np.ascontiguousarray(bins.domain, dtype=np.int64),
+            order.astype(np.int64), np.array(sorted_w, dtype=np.float64),
+            sorted_e.astype(np.int64), np.array(bins.domain, dtype=np.int64),
             bins.num_domains, num_experts, bins.slots, layout,
         )  # fmt: skip
         return separate_copies(layout, weight, expert, bins)

@@ -53,6 +53,20 @@ PRICE_FLOOR = (
 )
 
 
+def on_grid(item_load: AnyFloat) -> AnyFloat:
+    """float32 loads, each row's rounded to multiples of one power of two (2**-24 of its largest
+    power of two): every float64 sum the search takes of them is then exact in any order, so
+    numpy's pairwise sums and the compiled loops' running sums agree, whatever the loads' spread.
+    Non-finite loads are refused."""
+    out = np.asarray(item_load, dtype=np.float32)
+    if not np.isfinite(out).all():
+        raise ValueError("pair_refine: item loads must be finite")
+    top = np.abs(out).max(axis=tuple(range(1, out.ndim)), initial=0.0)
+    step = np.ldexp(1.0, np.frexp(top)[1] - 24).reshape(-1, *([1] * (out.ndim - 1)))
+    snapped: AnyFloat = (np.round(out / step) * step).astype(np.float32)
+    return snapped
+
+
 def gpu_scenario_loads(item_load: AnyFloat, layout: IntArray) -> AnyFloat:
     """Per-scenario GPU loads [B, G, K] of a layout [B, G, S] for item loads [B, I, K] (scenarios last)."""
     rows = layout.shape[0]
@@ -88,12 +102,16 @@ def pair_refine(
     rows, num_gpus, slots = layout.shape
     if num_gpus < 2 or rows == 0:
         return layout
+    item_load = on_grid(item_load)
     several = item_load.shape[2] > 1
     patience, max_rounds = (PATIENCE_SCENARIOS, MAX_ROUNDS_SCENARIOS) if several else (PATIENCE, MAX_ROUNDS)
     max_rounds = max_rounds if rounds is None else min(max_rounds, rounds)
     left = (
-        np.full(rows, np.iinfo(np.int64).max) if swaps is None else np.asarray(swaps, dtype=np.int64).copy()
+        np.full(rows, np.iinfo(np.int64).max) if swaps is None else np.array(swaps, dtype=np.int64, ndmin=1)
     )
+    if left.shape != (rows,):
+        raise ValueError(f"pair_refine: swaps has shape {left.shape}, expected ({rows},)")
+    held = None if held is None else np.asarray(held, dtype=bool)
     layout = layout.copy()
     # with ``held``, an exchange that moves copies on or back home loads none (or frees some):
     # a spent budget still allows those, so a row stops for want of exchanges, not at zero
@@ -106,7 +124,7 @@ def pair_refine(
     # stops (gathering [B, I, K] item loads every round cost as much as a round's search)
     idx = np.flatnonzero(left > stop_at)
     sub = layout[idx]
-    zl = item_load[idx].astype(np.float32)
+    zl = item_load[idx]
     zmean = zl.mean(axis=2, dtype=np.float64)  # [n, I]: bounds the exchanges' gains
     zl_expert = item_expert[idx]
     load = gpu_scenario_loads(zl, sub)  # [n, G, K]
@@ -185,7 +203,7 @@ def _compiled_rounds(
     stop_at: int,
 ) -> IntArray:
     """The rounds below, compiled (compiled.py): the same layouts, an order of magnitude sooner."""
-    zl = np.ascontiguousarray(item_load, dtype=np.float32)
+    zl = np.array(item_load, dtype=np.float32)  # fresh and writable: one numba specialisation
     out = np.ascontiguousarray(layout, dtype=np.int64)
     rows, num_gpus, _ = out.shape
     if item_expert.shape != zl.shape[:2] or zl.shape[0] != rows or bins.domain.shape != (num_gpus,):
@@ -200,16 +218,14 @@ def _compiled_rounds(
     compiled.refine_rounds(
         zl,
         zl.mean(axis=2, dtype=np.float64),
-        np.ascontiguousarray(item_expert, dtype=np.int64),
-        np.ascontiguousarray(bins.domain, dtype=np.int64),
+        np.array(item_expert, dtype=np.int64),
+        np.array(bins.domain, dtype=np.int64),
         bins.num_domains,
         num_experts,
         out,
         np.ascontiguousarray(gpu_scenario_loads(zl, out)),
         left,
-        np.zeros((rows, 1, 1), dtype=np.bool_)
-        if held is None
-        else np.ascontiguousarray(held, dtype=np.bool_),
+        np.zeros((rows, 1, 1), dtype=np.bool_) if held is None else np.array(held, dtype=np.bool_),
         held is not None,
         budget,
         patience,

@@ -139,3 +139,42 @@ def test_an_index_out_of_range_is_refused_before_the_compiled_loops_see_it() -> 
     experts[0, 0] = -1
     with pytest.raises(ValueError, match="experts"):
         lpt(c["weight"], experts, c["experts"], bins)
+
+
+@pytest.mark.parametrize("spread", ["wide", "signed"])
+def test_loads_of_any_spread_or_sign_give_the_same_layouts(
+    monkeypatch: pytest.MonkeyPatch, spread: str
+) -> None:
+    # float64 sums of float32 loads 16 orders of magnitude apart round by summation order unless
+    # the loads sit on one grid (search.on_grid); negative loads test the early exit's margin
+    for seed in range(150):
+        rng = np.random.default_rng(seed)
+        gpus, slots, scen = 4, 2, 16
+        shape = (2, gpus * slots, scen)
+        loads = 10.0 ** rng.uniform(-10, 6, size=shape) if spread == "wide" else rng.normal(0, 3, size=shape)
+        expert = np.tile(np.arange(gpus * slots), (2, 1))
+        bins = Bins(gpus, slots, np.arange(gpus))
+        start = lpt(np.abs(loads.mean(axis=2)), expert, gpus * slots, bins)
+        slow, fast = _both(monkeypatch, pair_refine, loads, expert, gpus * slots, bins, start)
+        np.testing.assert_array_equal(slow, fast, err_msg=f"seed {seed}")
+
+
+def test_inputs_the_compiled_loops_cannot_take_are_refused_on_both_paths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    c = _case(2)
+    bins = c["bins"]
+    assert isinstance(bins, Bins)
+    start = lpt(c["weight"], c["expert"], c["experts"], bins)
+    loads = np.array(c["loads"]).copy()
+    loads[0, 0, 0] = np.nan
+    for enabled in (False, True):
+        monkeypatch.setattr(compiled, "ENABLED", enabled)
+        with pytest.raises(ValueError, match="swaps"):  # one budget per row
+            pair_refine(c["loads"], c["expert"], c["experts"], bins, start, swaps=np.array([3]))
+        with pytest.raises(ValueError, match="finite"):
+            pair_refine(loads, c["expert"], c["experts"], bins, start)
+        with pytest.raises(ValueError, match="finite"):
+            lpt(np.full_like(c["weight"], np.inf), c["expert"], c["experts"], bins)
+    with pytest.raises(ValueError, match="domain"):
+        Bins(1, 4, np.arange(4))
