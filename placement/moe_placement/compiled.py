@@ -2,8 +2,8 @@
 
 The numpy versions spend most of their time dispatching small array operations (a V3 row
 has a few hundred candidate exchanges per round of search.pair_refine, and the greedy of
-packing.lpt places one copy per step), so the same loops over one row at a time run several
-times faster. Every decision follows the numpy code step for step: the same float32 loads
+packing.lpt places one copy per step), so the same loops over one row at a time take about half
+the time at DeepSeek-V3 shape (docs/placement.md). Every decision follows the numpy code step for step: the same float32 loads
 updated by the same operations, float64 sums of loads that search.on_grid puts on one grid per
 row (so every sum is exact in any order, and numpy's pairwise sums and these loops agree), the
 same stable orders and first-of-equals ties. tests/placement/test_compiled.py holds both to
@@ -218,7 +218,6 @@ def _row_round(
     best_gain = np.full(focus, -np.inf)
     best_score = np.full(focus, -np.inf)
     best_price = np.ones(focus, dtype=np.int64)
-    suffix = np.zeros(num_scen + 1)
     for f in range(focus):
         h = heavy[f]
         found = False
@@ -229,13 +228,6 @@ def _row_round(
                 v = max(load[h, k], load[p, k])
                 current += np.float64(max(v, floor[k]))
             current /= num_scen
-            # each scenario's term is at least the floor and half the pair's total: what is left
-            # of the sum bounds it from below, so an exchange that cannot win stops being scored
-            rest_lb = 0.0
-            for k in range(num_scen - 1, -1, -1):
-                half = 0.5 * (np.float64(load[h, k]) + np.float64(load[p, k]))
-                rest_lb += max(half, np.float64(floor[k]))
-                suffix[k] = rest_lb
             dom_h, dom_p = domain[h], domain[p]
             same = dom_h == dom_p
             for sa in range(slots):
@@ -272,34 +264,11 @@ def _row_round(
                     if kept:
                         # the exchange's exact gain (search._exact_gains), written out here: a call
                         # passing arrays costs their reference counts, more than the sum itself
-                        limit = np.inf  # a sum at least this cannot change what the round does
-                        if found and with_held:  # to win, score (gain per copy loaded) must rise
-                            beat = best_score[f] * max(price, price_floor) if best_score[f] > 0 else 0.0
-                            limit = (current - beat) * num_scen + 1e-6 * abs(suffix[0])
-                        elif found:  # to matter, gain must pass both the best so far and ``reach``
-                            limit = (current - max(reach, best_gain[f])) * num_scen + 1e-6 * abs(suffix[0])
-                        # four float64 sums side by side: exact, like every sum here (order-free);
-                        # stopped once what is summed plus the bound on the rest reaches ``limit``
-                        c0 = c1 = c2 = c3 = 0.0
-                        over = suffix[0] >= limit
-                        k = 0
-                        while not over and k + 4 <= num_scen:
+                        cost = 0.0  # exact in any order: the loads are on one grid (search.on_grid)
+                        for k in range(num_scen):
                             d = zl[ib, k] - zl[ia, k]
-                            c0 += np.float64(max(max(load[h, k] + d, load[p, k] - d), floor[k]))
-                            d = zl[ib, k + 1] - zl[ia, k + 1]
-                            c1 += np.float64(max(max(load[h, k + 1] + d, load[p, k + 1] - d), floor[k + 1]))
-                            d = zl[ib, k + 2] - zl[ia, k + 2]
-                            c2 += np.float64(max(max(load[h, k + 2] + d, load[p, k + 2] - d), floor[k + 2]))
-                            d = zl[ib, k + 3] - zl[ia, k + 3]
-                            c3 += np.float64(max(max(load[h, k + 3] + d, load[p, k + 3] - d), floor[k + 3]))
-                            k += 4
-                            over = k % 8 == 0 and (c0 + c1) + (c2 + c3) + suffix[k] >= limit
-                        while not over and k < num_scen:
-                            d = zl[ib, k] - zl[ia, k]
-                            c0 += np.float64(max(max(load[h, k] + d, load[p, k] - d), floor[k]))
-                            k += 1
-                        if not over:
-                            gain = current - ((c0 + c1) + (c2 + c3)) / num_scen
+                            cost += np.float64(max(max(load[h, k] + d, load[p, k] - d), floor[k]))
+                        gain = current - cost / num_scen
                     score = gain
                     if with_held:
                         score = gain / max(price, price_floor) if gain > 0 else -np.inf
@@ -421,19 +390,15 @@ def lpt_fill(
 
 
 def warm() -> bool:
-    """Compile (or load from numba's cache) now, on a two-GPU toy, rather than inside the first
-    plan; for set-up scripts and long-lived processes. Returns whether the loops are there."""
+    """Compile (or load from numba's cache) now, on a toy through the planner's own entry points,
+    rather than inside the first plan; for set-up scripts. Returns whether the loops are there."""
     if not AVAILABLE:
         return False
-    lpt_fill(
-        np.array([[1, 0]], dtype=np.int64), np.array([[2.0, 1.0]]), np.array([[1, 0]], dtype=np.int64),
-        np.arange(2, dtype=np.int64), 2, 2, 1, np.full((1, 2, 1), -1, dtype=np.int64),
-    )  # fmt: skip
-    zl = np.array([[[1.0], [2.0]]], dtype=np.float32)  # 1 row, 2 items, 1 scenario
-    layout = np.array([[[0], [1]]], dtype=np.int64)  # 2 GPUs, 1 slot each
-    refine_rounds(
-        zl, zl.mean(axis=2, dtype=np.float64), np.array([[0, 1]], dtype=np.int64), np.arange(2, dtype=np.int64),
-        2, 2, layout, zl[:, :, :].copy(), np.array([1], dtype=np.int64), np.zeros((1, 1, 1), dtype=np.bool_),
-        False, False, 1, 1, 0, np.array([1e-7, 1e-5, 8.0, 6.0, 1.0]),
-    )  # fmt: skip
+    from .packing import Bins, lpt  # here, not at the top: both import this module
+    from .search import pair_refine
+
+    bins = Bins(2, 2, np.arange(2))
+    weight = np.array([[4.0, 3.0, 2.0, 1.0]])
+    expert = np.arange(4)[None]
+    pair_refine(weight[:, :, None], expert, 4, bins, lpt(weight, expert, 4, bins))
     return True

@@ -146,7 +146,7 @@ def test_loads_of_any_spread_or_sign_give_the_same_layouts(
     monkeypatch: pytest.MonkeyPatch, spread: str
 ) -> None:
     # float64 sums of float32 loads 16 orders of magnitude apart round by summation order unless
-    # the loads sit on one grid (search.on_grid); negative loads test the early exit's margin
+    # the loads sit on one grid (search.on_grid); signed loads too
     for seed in range(150):
         rng = np.random.default_rng(seed)
         gpus, slots, scen = 4, 2, 16
