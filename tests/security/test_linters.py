@@ -92,15 +92,24 @@ def kube_score(source: str, path: Path) -> Iterator[Finding]:
     exe = binary_path("kube-score")
     assert exe.exists(), f"{exe} missing: build it with `moe-sandbox build` (e2e/setup.sh does)"
     minor = ".".join(KUBERNETES_VERSION.split(".")[:2])
-    proc = subprocess.run(
-        [
-            str(exe), "score", "--kubernetes-version", minor,
-            "--enable-optional-test", "container-seccomp-profile",
-            "--output-format", "json", str(path),
-        ],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    args = [
+        str(exe), "score", "--kubernetes-version", minor,
+        "--enable-optional-test", "container-seccomp-profile",
+        "--output-format", "json", "-",
+    ]  # fmt: skip
+    # The manifest goes on stdin: kube-score then never opens a path. Once in CI (and once in a fresh
+    # clone here, never again in 30 tries) it printed nothing and exited 0 or 1, which its code does
+    # only on an error it writes to stderr; that stderr was not kept. It is now, and one such empty
+    # answer is retried before the test fails with it.
+    manifest = path.read_text()
+    for _attempt in range(2):
+        proc = subprocess.run(args, input=manifest, capture_output=True, text=True, timeout=120)
+        if proc.stdout.strip():
+            break
     assert proc.returncode in (0, 1), proc.stderr  # 1: some check below OK
+    assert proc.stdout.strip(), (
+        f"kube-score printed nothing for {source} (exit {proc.returncode}): {proc.stderr}"
+    )
     for obj in json.loads(proc.stdout):
         for check in obj["checks"]:
             if check["skipped"] or check["grade"] >= 10:  # 10: OK
