@@ -201,3 +201,15 @@ def test_a_surge_is_kept_while_the_slo_looks_unreachable() -> None:
     blind = PoolObservation(at=630, serving=2, rate=2.0, latency={"itl": None}, token_usage=0.3, queued=0)
     d = decide_pool(POLICY, state, blind)
     assert d.state.surge == pytest.approx(5.0, rel=1e-2)
+
+
+def test_the_curve_waits_while_instances_run_at_two_widths() -> None:
+    """An interval from a pool mid-way through a width change moves the rates, not the fit."""
+    state = _steady(3, 4.0)
+    obs = dataclasses.replace(_obs(630, 5.4, 3, itl=0.5), one_width=False)
+    d = decide_pool(POLICY, state, obs)
+    assert d.state.fits == state.fits
+    assert d.state.rates[-1] == (630, 5.4)
+    assert "two widths" in d.message
+    learned = decide_pool(POLICY, state, dataclasses.replace(obs, one_width=True))
+    assert learned.state.fits != state.fits  # the same interval at one width does teach

@@ -18,6 +18,7 @@ from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
 from moe_operator.autoscale.scale import Scale, Step
 from moe_operator.autoscale.signals import Histogram, InstanceSample
+from moe_operator.handlers.autoscale_loop import at_width
 from moe_operator.render.group import Owner
 from moe_operator.render.network import operator_ports
 from moe_operator.render.shared import router_objects
@@ -128,6 +129,30 @@ def test_the_pool_observation_counts_only_serving_instances() -> None:
     obs = pool_observation(10.0, few, 1, pool_policy(spec, "decode").objectives)
     assert obs is not None and obs.latency["itl"] is None  # 5 requests say nothing about p90
     assert pool_observation(10.0, {}, 1, ()) is None
+
+
+def test_an_interval_with_instances_of_two_widths_counts_but_does_not_teach() -> None:
+    """During a width change's roll, instance 1 still runs at the old width: its requests count
+    toward the pool's rate, but the interval is not one of the new width's."""
+    samples = {0: _sample(2.0), 1: _sample(3.0), 2: _sample(9.0)}
+    objectives = pool_policy(MoEDeploymentSpec.model_validate(_spec(decode=AUTO)), "decode").objectives
+    mixed = pool_observation(10.0, samples, 2, objectives, at_width={0, 2})
+    assert mixed is not None and (mixed.rate, mixed.one_width) == (5.0, False)
+    listed_agree = pool_observation(10.0, samples, 2, objectives, at_width={0, 1})
+    assert listed_agree is not None and listed_agree.one_width  # instance 2 is off the list
+    assert pool_observation(10.0, samples, 2, objectives) == listed_agree
+
+
+def test_instances_at_width_count_ranks_not_being_deleted() -> None:
+    spec = MoEDeploymentSpec.model_validate(_spec(decode=AUTO))
+    width = spec.decode.nodes_per_replica  # type: ignore[union-attr]
+
+    def pod(instance: int, deleting: bool = False) -> dict[str, object]:
+        return {"pool": "decode", "instance": instance, "ready": True, "deleting": deleting}
+
+    pods = [pod(0) for _ in range(width)] + [pod(1) for _ in range(width + 1)]
+    pods += [pod(2) for _ in range(width)] + [pod(2, deleting=True)]
+    assert at_width(spec, pods, "decode") == frozenset({0, 2})  # type: ignore[arg-type]
 
 
 def test_spec_replicas_stay_the_scale_subresource_for_external(tmp_path: Path) -> None:

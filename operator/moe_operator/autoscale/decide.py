@@ -64,6 +64,9 @@ class PoolObservation:
     latency: dict[str, float | None]  # objective metric -> measured quantile
     token_usage: float  # mean KV use of the serving instances, 0..1
     queued: float  # requests waiting, the pool's total
+    # every serving instance runs at the pool's current width: only then does the interval say
+    # what one instance of that width serves (during a width change's roll it does not)
+    one_width: bool = True
 
 
 @dataclass(frozen=True)
@@ -195,7 +198,11 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
         return PoolDecision(state.instances, state.instances, "no_data", why, state.instances, state)
     now = obs.at
     per = obs.rate / obs.serving
-    fits = {o.metric: update(state.fits[o.metric], per, obs.latency.get(o.metric)) for o in policy.objectives}
+    fits = (
+        {o.metric: update(state.fits[o.metric], per, obs.latency.get(o.metric)) for o in policy.objectives}
+        if obs.one_width
+        else dict(state.fits)  # instances of two widths: the rate still counts, the curve waits
+    )
     # Under overload the finished rate is what the pool serves, not what arrives: the queue's
     # growth over the interval is the rest of the offered load.
     last_t = state.rates[-1][0] if state.rates else None
@@ -240,6 +247,8 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
     detail = f"load {offered:.3g} req/s (ahead {ahead:.3g}) needs {keep_need} instance(s), {bound}-bound"
     if breach:
         detail += f"; SLO breached: {breach}"
+    if not obs.one_width:
+        detail += "; instances run at two widths (a width change rolls): the curve learns again after it"
     if need > state.instances and state.instances < hi:
         if state.last_out is not None and now - state.last_out < policy.scale_out_cooldown_s:
             reason = "cooldown"

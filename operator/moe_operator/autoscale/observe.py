@@ -3,12 +3,14 @@
 Only instances on the router's list count toward the pool's rate and latency (one being
 drained or still booting serves no new requests). A prefill server does not observe time to
 first token (SGLang measures it on the decode server that streams the first token), so a P/D
-prefill pool's TTFT is read from its decode pool's instances.
+prefill pool's TTFT is read from its decode pool's instances. While a width change rolls, the
+pool's instances run at two widths: their requests all count, but the interval does not teach
+the curve (which is per instance of one width).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from .decide import Objective, PoolObservation
 from .signals import InstanceSample, merged
@@ -29,9 +31,12 @@ def pool_observation(
     serving: int,
     objectives: tuple[Objective, ...],
     ttft_from: Mapping[int, InstanceSample] | None = None,
+    at_width: Collection[int] | None = None,
 ) -> PoolObservation | None:
-    """The pool over the interval; None when no serving instance gave a usable interval."""
-    mine = [s for i, s in samples.items() if i < serving]
+    """The pool over the interval; None when no serving instance gave a usable interval.
+    ``at_width``: the instances running at the pool's current width (None: all of them)."""
+    listed = [i for i in samples if i < serving]
+    mine = [samples[i] for i in listed]
     if not mine:
         return None
     latency: dict[str, float | None] = {}
@@ -45,6 +50,7 @@ def pool_observation(
         latency=latency,
         token_usage=sum(s.token_usage for s in mine) / len(mine),
         queued=sum(s.queued for s in mine),
+        one_width=at_width is None or all(i in at_width for i in listed),
     )
 
 

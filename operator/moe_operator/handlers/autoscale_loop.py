@@ -45,14 +45,25 @@ def leaders(body: kopf.Body, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     return trusted_pods(kwargs["engine_pod_index"].get(key, []), groups, str(body.metadata.name))
 
 
-def ready_instances(spec: MoEDeploymentSpec, pods: list[dict[str, Any]], pool: Pool) -> frozenset[int]:
-    """Instances of ``pool`` whose every rank is ready."""
-    want = pools(spec)[pool].nodes_per_replica
+def _ranks(pods: list[dict[str, Any]], pool: Pool) -> dict[int, list[bool]]:
+    """Instance -> its ranks' readiness (pods not being deleted; one pod per node)."""
     by: dict[int, list[bool]] = {}
     for p in pods:
         if p["pool"] == pool and not p["deleting"]:
             by.setdefault(int(p["instance"]), []).append(bool(p["ready"]))
-    return frozenset(i for i, r in by.items() if len(r) == want and all(r))
+    return by
+
+
+def ready_instances(spec: MoEDeploymentSpec, pods: list[dict[str, Any]], pool: Pool) -> frozenset[int]:
+    """Instances of ``pool`` whose every rank is ready."""
+    want = pools(spec)[pool].nodes_per_replica
+    return frozenset(i for i, r in _ranks(pods, pool).items() if len(r) == want and all(r))
+
+
+def at_width(spec: MoEDeploymentSpec, pods: list[dict[str, Any]], pool: Pool) -> frozenset[int]:
+    """Instances of ``pool`` with as many ranks as the spec's width (not one still at the old width)."""
+    want = pools(spec)[pool].nodes_per_replica
+    return frozenset(i for i, r in _ranks(pods, pool).items() if len(r) == want)
 
 
 def scrape(
@@ -96,7 +107,7 @@ def scrape(
 
 def decide_all(
     spec: MoEDeploymentSpec, policies: dict[Pool, PoolPolicy], status: dict[str, Any], samples: Samples,
-    scales: dict[Pool, Scale], now: float,
+    scales: dict[Pool, Scale], now: float, pods: list[dict[str, Any]] | None = None,
 ) -> dict[Pool, tuple[PoolDecision, Any]]:  # fmt: skip
     """Each scaled pool's decision, trimmed to the budget; with the observation behind it."""
     out: dict[Pool, tuple[PoolDecision, Any]] = {}
@@ -104,7 +115,8 @@ def decide_all(
     for pool, scale in scales.items():
         policy = policies[pool]
         ttft_from = decode_serving(samples, scales) if pool == "prefill" else None
-        obs = pool_observation(now, samples.get(pool, {}), scale.serving, policy.objectives, ttft_from)
+        sized = None if pods is None else at_width(spec, pods, pool)
+        obs = pool_observation(now, samples.get(pool, {}), scale.serving, policy.objectives, ttft_from, sized)
         metrics = tuple(o.metric for o in policy.objectives)
         raw = stored.get(pool)
         text = str(raw.get("model") or "") if isinstance(raw, dict) else ""
@@ -176,7 +188,7 @@ def autoscale_timer(
     key = (namespace, name)
     router = next((d for d in kwargs["deployment_index"].get(key, []) if d["name"] == f"{name}-router"), None)
     updates: dict[str, Any] = {p: None for p in status.get("autoscaling") or {} if p not in scales}
-    for pool, (decision, obs) in decide_all(spec, policies, status, samples, scales, now).items():
+    for pool, (decision, obs) in decide_all(spec, policies, status, samples, scales, now, pods).items():
         step = act(spec, pool, policies[pool], scales[pool], decision, pods, samples, router, now)
         updates[pool] = codec.write_pool(step.scale, step, decision, obs)
         op.metrics.counter(
