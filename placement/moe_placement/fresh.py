@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import FloatArray, IntArray, Layout
+from .layout import FloatArray, IntArray, Layout, expert_counts
 from .packing import Bins, lpt
 from .search import pair_refine
-from .solve import solve_rows
+from .solve import item_loads, solve_rows
 
 
 def place_rows(
@@ -39,12 +39,36 @@ def place_rows(
         sol = solve_rows(row_mean, row_scen, bins, cap=layout.gpus_per_node, rounds=rounds)
         phy = np.take_along_axis(local, sol.expert.reshape(rows, -1), axis=1)
         return phy.reshape(num_layers, num_slots)
+    bins = flat_bins(layout, dispatch)
+    sol = solve_rows(mean, scen, bins, cap=bins.num_domains, rounds=rounds)
+    return sol.expert.reshape(num_layers, num_slots)
+
+
+def flat_bins(layout: Layout, dispatch: str) -> Bins:
+    """All GPUs as one pool; with static dispatch over several nodes, an expert's copies on different nodes."""
     per_node = layout.gpus_per_node
     by_node = dispatch == "static" and layout.num_nodes > 1
     domain = np.arange(layout.num_gpus) // per_node if by_node else np.arange(layout.num_gpus)
-    bins = Bins(layout.num_gpus, layout.slots_per_gpu, domain)
-    sol = solve_rows(mean, scen, bins, cap=int(domain.max()) + 1, rounds=rounds)
-    return sol.expert.reshape(num_layers, num_slots)
+    return Bins(layout.num_gpus, layout.slots_per_gpu, domain)
+
+
+def refit_rows(phy2log: IntArray, scen: FloatArray, layout: Layout, dispatch: str) -> IntArray:
+    """A plan's rows [B, P] searched on further, on scenarios [B, K, E], their copy counts kept.
+
+    Cheaper than place_rows on the same scenarios (no packing, a search that starts near its
+    end) where the plan was fitted on some of them. Not for hierarchical layouts (whole groups
+    per node: the search here moves copies across nodes)."""
+    if layout.hierarchical:
+        raise ValueError("refit_rows: a hierarchical layout is refitted by place_rows")
+    rows = phy2log.shape[0]
+    bins = flat_bins(layout, dispatch)
+    loads = item_loads(scen, expert_counts(phy2log, layout.num_experts), phy2log)  # items: the slots
+    start = np.broadcast_to(
+        np.arange(layout.num_slots).reshape(1, bins.num_gpus, bins.slots), (rows, bins.num_gpus, bins.slots)
+    )
+    order = pair_refine(loads, phy2log, layout.num_experts, bins, start.copy())
+    out: IntArray = np.take_along_axis(phy2log, order.reshape(rows, -1), axis=1)
+    return out
 
 
 def node_experts(mean: np.ndarray, scen: np.ndarray, layout: Layout) -> IntArray:

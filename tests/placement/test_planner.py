@@ -157,3 +157,35 @@ def test_rescore_scores_a_map_planned_elsewhere_as_plan_scores_its_own() -> None
     assert theirs.predicted_balancedness.mean() > kept.predicted_balancedness.mean()
     with pytest.raises(ValueError):
         rescore(history, current[:, :-1], **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dispatch", ["static", "dynamic"])
+def test_a_refit_keeps_copy_counts_never_raises_the_peak_and_keeps_static_copies_apart(dispatch: str) -> None:
+    """Under a move cap the hedging layers go on from their half-fitted plan (planner.choose_fresh):
+    the search may only lower the expected peak on all scenarios, moves no copy count, and with
+    static dispatch keeps an expert's copies on distinct nodes."""
+    from moe_placement.fresh import place_rows, refit_rows
+    from moe_placement.layout import make_layout
+    from moe_placement.search import expected_peak, gpu_scenario_loads
+    from moe_placement.solve import item_loads
+
+    rng = np.random.default_rng(8)
+    layout = make_layout(3, 24, num_gpus=8, num_nodes=4, num_redundant=8, num_groups=3)
+    scen = rng.poisson(rng.gamma(0.4, 80.0, size=(3, 1, 24)), size=(3, 12, 24)).astype(float)  # [B, K, E]
+    half = place_rows(scen[:, :6].mean(axis=1), scen[:, :6], layout, dispatch)
+    out = refit_rows(half, scen, layout, dispatch)
+
+    def peak(phy2log: np.ndarray) -> np.ndarray:
+        loads = item_loads(scen, expert_counts(phy2log, 24), phy2log)
+        return expected_peak(gpu_scenario_loads(loads, np.arange(32).reshape(1, 8, 4).repeat(3, axis=0)))
+
+    np.testing.assert_array_equal(expert_counts(out, 24), expert_counts(half, 24))
+    assert (peak(out) <= peak(half) * (1 + 1e-6)).all() and (peak(out) < peak(half)).any()
+    if dispatch == "static":
+        node = np.arange(32) // 8
+        for row in out:
+            for e in range(24):
+                assert len(set(node[row == e])) == (row == e).sum()
+    hierarchical = make_layout(3, 24, num_gpus=8, num_nodes=2, num_redundant=8, num_groups=4)
+    with pytest.raises(ValueError, match="hierarchical"):
+        refit_rows(half[:, :32], scen, hierarchical, dispatch)
