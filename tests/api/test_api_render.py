@@ -156,6 +156,25 @@ def test_router_waits_for_workers_as_long_as_the_startup_budget() -> None:
     assert resolution.last("worker_startup_timeout_secs").value == 4500  # type: ignore[union-attr]
 
 
+def test_a_replaced_router_finishes_its_requests_before_the_kubelet_kills_it() -> None:
+    """Each worker-list change replaces the router pods. The kubelet's grace covers the pre-stop wait
+    (the Service stops sending first) and sglang-router's own shutdown grace, its default or the
+    user's ``--shutdown-grace-period-secs`` under any spelling the router's parser takes."""
+    spec = gb200_decode_spec()
+    pod = _router(spec)
+    (container,) = pod["containers"]
+    wait = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert wait[:2] == ["python3", "-c"] and "sleep(5)" in wait[2]
+    default = router_catalog().flag("--shutdown-grace-period-secs").default
+    assert default == 180  # sglang-router 0.3.2's own
+    assert pod["terminationGracePeriodSeconds"] == 5 + default + 30
+    longer = spec.model_copy(deep=True)
+    longer.router.extra_args = ["--shutdown-grace-period=900"]
+    assert _router(longer)["terminationGracePeriodSeconds"] == 5 + 900 + 30
+    longer.router.extra_args = ["--shutdown-grace-period-secs", "60", "--shutdown-grace-period-secs", "1200"]
+    assert _router(longer)["terminationGracePeriodSeconds"] == 5 + 1200 + 30  # the last one wins
+
+
 def test_router_checks_the_pinned_router_version_first() -> None:
     spec = gb200_decode_spec()
     pod = _router(spec)

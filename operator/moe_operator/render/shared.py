@@ -23,6 +23,7 @@ from moe_operator.render.engine_container import (
     NON_ROOT_UID,
     RESTRICTED_CONTAINER,
     SECCOMP_RUNTIME_DEFAULT,
+    TERMINATION_MARGIN_S,
     low_port_sysctls,
 )
 from moe_operator.render.group import (
@@ -32,6 +33,7 @@ from moe_operator.render.group import (
     service_account_name,
     token_secret_name,
 )
+from moe_operator.validation.flags import flag_value
 
 
 def _meta(
@@ -114,6 +116,26 @@ os.execv(sys.executable, argv)
 """
 
 
+ROUTER_PRESTOP_S = 5
+"""A replaced router pod keeps serving this long before SIGTERM: the Service's endpoints drop it first."""
+ROUTER_SHUTDOWN_GRACE_FLAG = "--shutdown-grace-period-secs"
+
+
+def router_shutdown_grace_s(spec: MoEDeploymentSpec) -> int:
+    """How long the router finishes its requests in flight after SIGTERM: ``--shutdown-grace-period-secs``
+    from spec.router.extraArgs, else sglang-router's own default (180 s in 0.3.2, read from its catalog)."""
+    catalog = router_catalog()
+    given = flag_value(list(spec.router.extra_args), ROUTER_SHUTDOWN_GRACE_FLAG, catalog)
+    value = given if given is not None else catalog.flag(ROUTER_SHUTDOWN_GRACE_FLAG).default
+    return max(0, int(value))
+
+
+def router_termination_grace_s(spec: MoEDeploymentSpec) -> int:
+    """The kubelet's grace must outlast the pre-stop wait and the router's own shutdown grace, or the
+    kubelet kills the router with requests in flight (its default 30 s is shorter than the router's 180)."""
+    return ROUTER_PRESTOP_S + router_shutdown_grace_s(spec) + TERMINATION_MARGIN_S
+
+
 def router_objects(
     spec: MoEDeploymentSpec, owner: Owner, serving: Mapping[str, int] | None = None
 ) -> list[dict[str, Any]]:
@@ -180,6 +202,14 @@ def router_objects(
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
+        # each worker-list change replaces the router pods: a pod being replaced waits until the
+        # Service stops sending to it, then finishes what it runs (SIGTERM: sglang-router's graceful
+        # shutdown); python3 is in every router image (the command above needs it)
+        "lifecycle": {
+            "preStop": {
+                "exec": {"command": ["python3", "-c", f"import time; time.sleep({ROUTER_PRESTOP_S})"]}
+            }
+        },
     }
     if r.resources:
         container["resources"] = r.resources
@@ -189,7 +219,11 @@ def router_objects(
         "command": ["python3", "-c", _ROUTER_VERSION_CHECK, version],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    pod_spec: dict[str, Any] = {"initContainers": [version_check], "containers": [container]}
+    pod_spec: dict[str, Any] = {
+        "initContainers": [version_check],
+        "containers": [container],
+        "terminationGracePeriodSeconds": router_termination_grace_s(spec),
+    }
     deployment: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

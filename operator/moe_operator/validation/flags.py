@@ -8,7 +8,7 @@ covered, because SGLang's parser accepts all of them (moe_contract.flags.resolve
 
 from __future__ import annotations
 
-from moe_contract.flags import engine_catalog, resolve
+from moe_contract.flags import Catalog, engine_catalog, resolve
 
 _POOL_WORLD = "spec.{pool}.nodesPerReplica x spec.topology.gpusPerNode"
 
@@ -113,10 +113,10 @@ MEM_FRACTION_FLAG = "--mem-fraction-static"
 CONTEXT_LENGTH_FLAG = "--context-length"
 
 
-def flag_value(args: list[str], flag: str) -> str | None:
-    """The value SGLang takes for ``flag`` (any alias or unambiguous prefix; the last one wins),
-    converted by the flag's type (``--context-length 32k`` is 32000) and given back as text."""
-    catalog = engine_catalog()
+def flag_value(args: list[str], flag: str, catalog: Catalog | None = None) -> str | None:
+    """The value SGLang (or ``catalog``'s program) takes for ``flag`` (any alias or unambiguous prefix;
+    the last one wins), converted by the flag's type (``--context-length 32k`` is 32000), as text."""
+    catalog = catalog or engine_catalog()
     found = resolve(catalog, args).last(catalog.flag(flag).dest)
     if found is None or not isinstance(found.value, int | float | str) or isinstance(found.value, bool):
         return None
