@@ -189,6 +189,12 @@ def test_a_width_change_rolls_one_instance_at_a_time_onto_free_nodes() -> None:
     actions = group_actions([*resized, pending_new], NOW, nodes={"n0"})
     assert [(r.group.index, r.reason) for r in actions.restarts][:2] == [(0, Reason.GROUP_RESTARTING),
                                                                         (1, Reason.GROUP_RESTARTING)]  # fmt: skip
+    # a new instance of another pool planned onto nodes this pool still runs: this pool rolls on
+    # (its new nodes are free; its roll frees the nodes the other waits for), capacity kept
+    other_pool = replace(_group(0, ready=False, phase="Pending"), pool="prefill", new_nodes_busy=True)
+    actions = group_actions([*resized, other_pool], NOW, nodes={"n0"})
+    decode = [(r.group.index, r.reason) for r in actions.restarts if r.group.pool == "decode"]
+    assert decode == [(0, Reason.ROLLING_OUT)]
     # a group not yet rolled whose node is gone restarts at once, as any moved group
     lost = group_actions(
         [_group(0), replace(_group(1, node="gone"), moved=True, resized_to=4)], NOW, nodes={"n0"}

@@ -61,16 +61,18 @@ def group_actions(groups: Sequence[GroupState], now: datetime, nodes: Collection
 
 
 def width_changes(groups: Sequence[GroupState], nodes: Collection[str]) -> list[GroupState]:
-    """Width changes that cannot roll: when any group (resized or not: a new instance, say) was
-    planned onto nodes another still runs, every resized group of the deployment restarts at once
-    (a roll would wait on a group that cannot start); a resized group with a pod on a Node that
-    is gone restarts at once as a moved group."""
-    busy = any(g.new_nodes_busy for g in groups)
+    """Width changes that cannot roll: when a group of a pool (resized or not: a new instance, say)
+    was planned onto nodes another still runs, every resized group of that pool restarts at once (a
+    roll would wait on a group that cannot start); a resized group with a pod on a Node that is gone
+    restarts at once as a moved group. Another pool's groups roll on: a pool whose new nodes are
+    all free waits on nobody, and its roll frees the nodes it held (restarting it at once would only
+    take its capacity away)."""
+    busy = {g.pool for g in groups if g.new_nodes_busy}
     out = []
     for g in groups:
         if g.moved and g.resized_to and any(p.node and p.node not in nodes for p in g.pods):
             g = replace(g, resized_to=0)
-        elif busy and g.moved and g.resized_to:
+        elif g.pool in busy and g.moved and g.resized_to:
             g = replace(g, new_nodes_busy=True)
         out.append(g)
     return out
