@@ -210,6 +210,6 @@ def test_the_curve_waits_while_instances_run_at_two_widths() -> None:
     d = decide_pool(POLICY, state, obs)
     assert d.state.fits == state.fits
     assert d.state.rates[-1] == (630, 5.4)
-    assert "two widths" in d.message
+    assert "spec's number of ranks" in d.message
     learned = decide_pool(POLICY, state, dataclasses.replace(obs, one_width=True))
     assert learned.state.fits != state.fits  # the same interval at one width does teach

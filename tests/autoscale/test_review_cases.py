@@ -135,3 +135,21 @@ def test_a_width_change_starts_the_fits_over_and_keeps_the_pools_rates() -> None
     # a model stored before the width was recorded (gpus 0) keeps its fits
     legacy = resume(replace(narrow, gpus=0), wide, obs, 2)
     assert legacy.fits["itl"] == measured and legacy.gpus == 16
+
+
+def test_load_that_rises_while_a_width_change_rolls_still_scales_out() -> None:
+    """The curve does not learn from instances of two widths, and the prior set when the width
+    changed is not re-anchored on each of those intervals either: re-anchored, it followed the load,
+    so no load looked like more than the pool could take and only a breach added an instance."""
+    wide = replace(POLICY, width=Width(nodes=2, gpus=16, kv_tokens=2.0))
+    state = PoolState(instances=4, fits={"itl": update(FIT, 1.0, 0.04)}, gpus=8)
+    decisions = []
+    for i, rate in enumerate([4.0, 6.0, 10.0, 16.0]):
+        obs = PoolObservation(NOW + 30 * i, 4, rate, {"itl": 0.05}, 0.3, 0.0, one_width=False)
+        d = decide_pool(wide, resume(state, wide, obs, state.instances), obs)
+        assert d.state.fits["itl"].samples == 0  # nothing learned from the mixed pool
+        decisions.append(d)
+        state = d.state
+    assert decisions[0].state.fits == decisions[-1].state.fits  # the prior of the width change, kept
+    assert decisions[-1].reason == "scale_out" and decisions[-1].instances > 4
+    assert "does not run the spec's number of ranks" in decisions[-1].message

@@ -141,6 +141,10 @@ def test_an_interval_with_instances_of_two_widths_counts_but_does_not_teach() ->
     listed_agree = pool_observation(10.0, samples, 2, objectives, at_width={0, 1})
     assert listed_agree is not None and listed_agree.one_width  # instance 2 is off the list
     assert pool_observation(10.0, samples, 2, objectives) == listed_agree
+    # a P/D prefill pool's TTFT comes from the decode instances: one of those at the old width counts too
+    decode = {0: _sample(1.0), 1: _sample(1.0)}
+    prefill = pool_observation(10.0, samples, 2, objectives, decode, at_width={0, 1}, ttft_at_width={0})
+    assert prefill is not None and not prefill.one_width
 
 
 def test_instances_at_width_count_ranks_not_being_deleted() -> None:

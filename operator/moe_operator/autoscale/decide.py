@@ -64,8 +64,9 @@ class PoolObservation:
     latency: dict[str, float | None]  # objective metric -> measured quantile
     token_usage: float  # mean KV use of the serving instances, 0..1
     queued: float  # requests waiting, the pool's total
-    # every serving instance runs at the pool's current width: only then does the interval say
-    # what one instance of that width serves (during a width change's roll it does not)
+    # every serving instance (and, for a P/D prefill pool, every decode instance its TTFT comes
+    # from) runs the spec's number of ranks: only then does the interval say what one instance of
+    # that width serves (during a width change's roll it does not)
     one_width: bool = True
 
 
@@ -248,7 +249,10 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
     if breach:
         detail += f"; SLO breached: {breach}"
     if not obs.one_width:
-        detail += "; instances run at two widths (a width change rolls): the curve learns again after it"
+        detail += (
+            "; a listed instance does not run the spec's number of ranks (a width change rolls, or a rank"
+            " is being replaced): the curve learns again once every instance does"
+        )
     if need > state.instances and state.instances < hi:
         if state.last_out is not None and now - state.last_out < policy.scale_out_cooldown_s:
             reason = "cooldown"

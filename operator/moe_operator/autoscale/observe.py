@@ -32,9 +32,11 @@ def pool_observation(
     objectives: tuple[Objective, ...],
     ttft_from: Mapping[int, InstanceSample] | None = None,
     at_width: Collection[int] | None = None,
+    ttft_at_width: Collection[int] | None = None,
 ) -> PoolObservation | None:
     """The pool over the interval; None when no serving instance gave a usable interval.
-    ``at_width``: the instances running at the pool's current width (None: all of them)."""
+    ``at_width``: the instances running at the pool's current width (None: all of them);
+    ``ttft_at_width``: the same for the instances in ``ttft_from``."""
     listed = [i for i in samples if i < serving]
     mine = [samples[i] for i in listed]
     if not mine:
@@ -50,7 +52,8 @@ def pool_observation(
         latency=latency,
         token_usage=sum(s.token_usage for s in mine) / len(mine),
         queued=sum(s.queued for s in mine),
-        one_width=at_width is None or all(i in at_width for i in listed),
+        one_width=(at_width is None or all(i in at_width for i in listed))
+        and (ttft_from is None or ttft_at_width is None or all(i in ttft_at_width for i in ttft_from)),
     )
 
 

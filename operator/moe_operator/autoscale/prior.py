@@ -22,9 +22,13 @@ def prior(policy: PoolPolicy, obs: PoolObservation | None) -> dict[str, Fit]:
 
 
 def seeded(fits: dict[str, Fit], policy: PoolPolicy, obs: PoolObservation | None) -> dict[str, Fit]:
-    """The fits, with any that never saw load replaced by the prior of this observation."""
+    """The fits, with any that never saw load replaced by the prior of this observation. While the
+    pool's instances run at two widths (the fits do not learn then), a prior already set is kept:
+    re-anchored on every interval it would follow the load, and no load would ever look like more
+    than the pool can take."""
     fresh = prior(policy, obs)
-    return {m: (fresh[m] if f.samples == 0 or f.mu <= MIN_MU else f) for m, f in fits.items()}
+    anchor = obs is None or obs.one_width
+    return {m: (fresh[m] if (anchor and f.samples == 0) or f.mu <= MIN_MU else f) for m, f in fits.items()}
 
 
 def resume(

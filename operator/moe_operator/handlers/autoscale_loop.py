@@ -116,7 +116,10 @@ def decide_all(
         policy = policies[pool]
         ttft_from = decode_serving(samples, scales) if pool == "prefill" else None
         sized = None if pods is None else at_width(spec, pods, pool)
-        obs = pool_observation(now, samples.get(pool, {}), scale.serving, policy.objectives, ttft_from, sized)
+        ttft_sized = None if pods is None or ttft_from is None else at_width(spec, pods, "decode")
+        obs = pool_observation(
+            now, samples.get(pool, {}), scale.serving, policy.objectives, ttft_from, sized, ttft_sized
+        )
         metrics = tuple(o.metric for o in policy.objectives)
         raw = stored.get(pool)
         text = str(raw.get("model") or "") if isinstance(raw, dict) else ""
