@@ -61,6 +61,8 @@ def refit_rows(phy2log: IntArray, scen: FloatArray, layout: Layout, dispatch: st
     if layout.hierarchical:
         raise ValueError("refit_rows: a hierarchical layout is refitted by place_rows")
     rows = phy2log.shape[0]
+    if rows == 0:
+        return phy2log.copy()
     bins = flat_bins(layout, dispatch)
     loads = item_loads(scen, expert_counts(phy2log, layout.num_experts), phy2log)  # items: the slots
     start = np.broadcast_to(

@@ -76,7 +76,8 @@ def plan(
         raise ValueError(f"max_moves must be a non-negative integer or None, got {max_moves!r}")
     if not np.isfinite(min_layer_gain) or min_layer_gain < 0:
         raise ValueError(f"min_layer_gain must be >= 0, got {min_layer_gain!r}")
-    capped = cur is not None and max_moves is not None
+    # a cap that lets every layer take its whole fresh plan does not bind: the fresh plan is then the plan
+    capped = cur is not None and max_moves is not None and max_moves < layout.num_layers * layout.num_slots
     phy2log, _ = choose_fresh(fc, history[-1], layout, dispatch, capped)
     if cur is None:
         changed = np.ones(layout.num_layers, dtype=bool)
@@ -166,10 +167,12 @@ def choose_fresh(
     on the same held-out scenarios, or the layer takes DeepSeek's map. Also returns the layers
     that hedge.
 
-    ``capped``: the plan only steers moves from a current map under a move cap (the repairs'
-    copy counts, the relabelled option; movement.py). Then the hedging layers go on from their
-    half-fitted plan on all scenarios (``refit_rows``) instead of being placed again: about a
-    fifth of the whole plan's time at EP72, and the capped plans measured as good (docs/placement.md).
+    ``capped``: moves from a current map are capped below a whole fresh plan per layer. The plan
+    then steers the repairs (their copy counts) and is one option per layer (relabelled; movement.py),
+    and the hedging layers go on from their half-fitted plan on all scenarios (``refit_rows``)
+    instead of being placed again: about a fifth of a capped plan's time at EP72. A refit fresh
+    plan is a little worse on its own (copy counts from half the scenarios); the capped plans it
+    steers measured as good (docs/placement.md).
     """
     base = baseline_plan(last, **_shape(layout))
     scen = fc.scenarios

@@ -186,6 +186,31 @@ def test_a_refit_keeps_copy_counts_never_raises_the_peak_and_keeps_static_copies
         for row in out:
             for e in range(24):
                 assert len(set(node[row == e])) == (row == e).sum()
+    assert refit_rows(half[:0], scen[:0], layout, dispatch).shape == (0, 32)
     hierarchical = make_layout(3, 24, num_gpus=8, num_nodes=2, num_redundant=8, num_groups=4)
     with pytest.raises(ValueError, match="hierarchical"):
         refit_rows(half[:, :32], scen, hierarchical, dispatch)
+
+
+def test_only_a_cap_that_binds_refits_instead_of_placing_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cap of a whole fresh plan per layer or more lets every layer take the fresh plan, which is
+    then placed on all scenarios as without a current map (a refit one is a little worse alone)."""
+    import moe_placement.planner as planner
+
+    calls: list[int] = []
+    real = planner.refit_rows
+    monkeypatch.setattr(
+        planner, "refit_rows", lambda phy2log, *a: calls.append(len(phy2log)) or real(phy2log, *a)
+    )
+    rng = np.random.default_rng(0)
+    base, other = rng.gamma(0.4, 80.0, size=(2, 1, 4, 32))
+    loads = rng.poisson(base, size=(64, 4, 32)).astype(float)
+    # steps from two mixes of traffic: a plan hedged on them beats one packed on their mean
+    steps = np.concatenate([rng.poisson(base, size=(16, 4, 32)), rng.poisson(other, size=(16, 4, 32))])
+    steps = steps[rng.permutation(32)].astype(float)
+    trivial = np.tile(np.concatenate([np.arange(32), np.arange(8)]), (4, 1))
+    kw = partial(plan, loads, steps=steps, num_gpus=8, num_redundant=8, dispatch="dynamic", current=trivial)
+    kw(max_moves=4 * 40)  # every slot of every layer: does not bind
+    assert calls == []
+    kw(max_moves=20)
+    assert calls and calls[0] > 0  # the hedging layers went on from their trial plans
