@@ -91,6 +91,14 @@ REFUSED: list[ArgCase] = [
             ("--max-concurent-requests", "sglang-router 0.3.2", "did you mean --max-concurrent-requests")),
     ArgCase("router-choice", "router", ("--decode-policy", "fastest"), "spec.router.extraArgs[0]",
             ("--decode-policy", "invalid choice: 'fastest'")),
+    ArgCase("router-negative-shutdown-grace", "router", ("--shutdown-grace-period-secs", "-5"),
+            "spec.router.extraArgs[0]", ("--shutdown-grace-period-secs -5", "unsigned", "give 0 or more")),
+    ArgCase("router-shutdown-grace-past-timeout", "router", ("--shutdown-grace=9223372036854775807",),
+            "spec.router.extraArgs[0]", ("an abbreviation of --shutdown-grace-period-secs", "request timeout (1800 s",
+                                         "give at most 1800")),
+    ArgCase("router-shutdown-grace-past-a-day", "router",
+            ("--request-timeout-secs", "200000", "--shutdown-grace-period-secs", "100000"),
+            "spec.router.extraArgs[2]", ("at most 86400 s here", "give at most 86400")),
 ]  # fmt: skip
 
 ACCEPTED: list[ArgCase] = [
@@ -106,6 +114,7 @@ ACCEPTED: list[ArgCase] = [
     ArgCase("negative-number-value", "engine", ("--schedule-conservativeness", "-0.5")),
     ArgCase("deprecated-but-working", "decode", ("--disable-cuda-graph",)),
     ArgCase("router-tuning", "router", ("--prefill-policy", "bucket", "--max-concurrent-requests", "256")),
+    ArgCase("router-longer-shutdown-grace", "router", ("--request-timeout-secs", "3600", "--shutdown-grace-period-secs", "3600")),
 ]  # fmt: skip
 
 

@@ -33,7 +33,7 @@ from moe_operator.render.group import (
     service_account_name,
     token_secret_name,
 )
-from moe_operator.validation.flags import flag_value
+from moe_operator.validation.flags import MAX_ROUTER_SHUTDOWN_GRACE_S, flag_value
 
 
 def _meta(
@@ -127,7 +127,7 @@ def router_shutdown_grace_s(spec: MoEDeploymentSpec) -> int:
     catalog = router_catalog()
     given = flag_value(list(spec.router.extra_args), ROUTER_SHUTDOWN_GRACE_FLAG, catalog)
     value = given if given is not None else catalog.flag(ROUTER_SHUTDOWN_GRACE_FLAG).default
-    return max(0, int(value))
+    return min(max(0, int(value)), MAX_ROUTER_SHUTDOWN_GRACE_S)  # admission refuses the rest
 
 
 def router_termination_grace_s(spec: MoEDeploymentSpec) -> int:

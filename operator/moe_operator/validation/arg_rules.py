@@ -19,11 +19,15 @@ from .flags import (
     DWDP_SIZE,
     ENGINE_LIFTED,
     ENGINE_OWNED,
+    MAX_ROUTER_SHUTDOWN_GRACE_S,
     NOT_SERVING_ACTIONS,
     PLACEMENT_BYPASS,
     REBALANCE_THRESHOLD,
     REMOVED_ENGINE_FLAGS,
     ROUTER_OWNED,
+    ROUTER_REQUEST_TIMEOUT_FLAG,
+    ROUTER_SHUTDOWN_GRACE,
+    flag_value,
 )
 from .problem import Problem
 
@@ -173,7 +177,7 @@ def _flag_problem(lst: _List, occ: Occurrence) -> Problem | None:
             f"{_spelled(occ)} is set by the operator from {source}: remove it from {lst.where}{fix}",
         )
     if not lst.engine:
-        return None
+        return _shutdown_grace_problem(lst, occ) if dest == ROUTER_SHUTDOWN_GRACE else None
     if dest in ENGINE_LIFTED and occ.written != flag.name:
         return _at(
             lst,
@@ -236,4 +240,30 @@ def _value_problem(lst: _List, occ: Occurrence) -> Problem | None:
             "prefetch (DWDP), which SGLang refuses together with EPLB and which leaves no expert "
             f"placement to manage; remove it from {lst.where}",
         )
+    return None
+
+
+def _shutdown_grace_problem(lst: _List, occ: Occurrence) -> Problem | None:
+    """The router's shutdown grace becomes its pods' termination grace: bounded (flags.py)."""
+    value = occ.value
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None  # the parser's own refusal reports it
+    given = flag_value(lst.args, ROUTER_REQUEST_TIMEOUT_FLAG, lst.catalog)
+    timeout = int(given) if given is not None else int(lst.catalog.flag(ROUTER_REQUEST_TIMEOUT_FLAG).default)
+    limit = max(0, min(timeout, MAX_ROUTER_SHUTDOWN_GRACE_S))
+    if value < 0:
+        return _at(
+            lst,
+            occ.index,
+            f"{_spelled(occ)} {value}: sglang-router {lst.catalog.version} takes the grace as an unsigned "
+            "number and stops at start-up on a negative one; give 0 or more seconds",
+        )
+    if value > limit:
+        why = (
+            f"the router's request timeout ({timeout} s, {ROUTER_REQUEST_TIMEOUT_FLAG}) cuts every request "
+            "sooner, so a longer grace only keeps a replaced router pod Terminating"
+            if timeout <= MAX_ROUTER_SHUTDOWN_GRACE_S
+            else f"a replaced router pod may stay Terminating at most {MAX_ROUTER_SHUTDOWN_GRACE_S} s here"
+        )
+        return _at(lst, occ.index, f"{_spelled(occ)} {value}: {why}; give at most {limit}")
     return None

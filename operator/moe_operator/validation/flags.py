@@ -100,6 +100,14 @@ PLACEMENT_BYPASS: dict[str, str] = {
     "which the operator sets",
 }
 
+# The router's shutdown grace sets its pods' terminationGracePeriodSeconds (render.shared), so its
+# value is bounded: sglang-router 0.3.2's binary takes it as an unsigned number (a negative one
+# stops it at start-up), a grace past the router's request timeout waits for nothing, and a day is
+# the longest a replaced router pod may stay Terminating here (a policy, not the router's limit).
+ROUTER_SHUTDOWN_GRACE = "shutdown_grace_period_secs"
+ROUTER_REQUEST_TIMEOUT_FLAG = "--request-timeout-secs"
+MAX_ROUTER_SHUTDOWN_GRACE_S = 86_400
+
 # Engine flags whose value decides whether they bypass the placement (checked in arg_rules).
 REBALANCE_THRESHOLD = "eplb_min_rebalancing_utilization_threshold"
 DWDP_SIZE = "dwdp_size"
