@@ -56,6 +56,7 @@ class GroupState:
     moved: bool = False  # the planner gave the instance other nodes
     resized_to: int = 0  # nodes per instance the spec now asks for, when not ``nnodes`` (a width change)
     new_nodes_busy: bool = False  # its planned nodes still run other instances of the deployment
+    in_the_way: bool = False  # another instance of the deployment is planned onto nodes it still runs
     unready_limit_s: float = float("inf")  # a running rank unready longer than this breaks the world
     start: StartReport | None = None  # the leader's start-up phase, while the group is not ready
 
@@ -102,6 +103,8 @@ def broken_reason(group: GroupState, now: datetime) -> str | None:
     kubelet restarts only what fails liveness, and one rank cannot rejoin its world alone."""
     if group.moved and group.resized_to:
         where = " onto nodes other instances still run" if group.new_nodes_busy else ""
+        if group.in_the_way and not group.new_nodes_busy:
+            where = ", and another instance is planned onto the nodes it runs on"
         return f"its width changes ({group.nnodes} -> {group.resized_to} nodes){where}, and every rank's world with it"
     if group.moved:
         return "the planner moved the instance to other nodes"
@@ -173,9 +176,11 @@ def decide(group: GroupState, now: datetime, may_roll: bool) -> GroupDecision:
 
 
 def rolls_to_new_width(group: GroupState, now: datetime) -> bool:
-    """Moved only because its width changed, onto free nodes, and otherwise whole: it may wait its turn."""
+    """Moved only because its width changed, onto free nodes, with no other instance waiting for its
+    nodes, and otherwise whole: it may wait its turn."""
     healthy = broken_reason(replace(group, moved=False), now) is None
-    return group.moved and bool(group.resized_to) and not group.new_nodes_busy and healthy
+    free = not group.new_nodes_busy and not group.in_the_way
+    return group.moved and bool(group.resized_to) and free and healthy
 
 
 def formed(group: GroupState) -> bool:

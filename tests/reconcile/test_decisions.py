@@ -171,30 +171,40 @@ def test_a_width_change_rolls_one_instance_at_a_time_onto_free_nodes() -> None:
     booting = replace(_group(0, ready=False), nnodes=4)
     assert group_actions([booting, resized[1]], NOW, nodes={"n0"}).restarts == []
     assert [r.group.index for r in group_actions([_group(0), resized[1]], NOW, nodes={"n0"}).restarts] == [1]
-    # one group planned onto nodes another still runs: every resized group restarts at once (a roll
-    # would wait for a group that cannot start until the one holding its nodes restarts)
+    # one group planned onto nodes another still runs restarts at once (its turn could not come
+    # while it cannot start), and it is the pool's one instance down: the others wait for it
     one_busy = [
         resized[0],
         replace(resized[1], new_nodes_busy=True),
         replace(_group(2), moved=True, resized_to=4),
     ]
     actions = group_actions(one_busy, NOW, nodes={"n0"})
-    assert [r.group.index for r in actions.restarts] == [0, 1, 2]
-    assert all(r.reason == Reason.GROUP_RESTARTING for r in actions.restarts)
+    assert [(r.group.index, r.reason) for r in actions.restarts] == [(1, Reason.GROUP_RESTARTING)]
     assert (
         "its width changes (2 -> 4 nodes) onto nodes other instances still run" in actions.restarts[0].message
     )
-    # the same when the group planned onto running nodes is not resized itself (a new instance)
+    # the group holding those nodes restarts at once too (it would roll only after the one waiting
+    # for its nodes is ready: never); the rest roll on
+    holder = [replace(resized[0], in_the_way=True), replace(resized[1], new_nodes_busy=True), one_busy[2]]
+    actions = group_actions(holder, NOW, nodes={"n0"})
+    assert [(r.group.index, r.reason) for r in actions.restarts] == [
+        (0, Reason.GROUP_RESTARTING),
+        (1, Reason.GROUP_RESTARTING),
+    ]
+    assert "another instance is planned onto the nodes it runs on" in actions.restarts[0].message
+    # a new instance (not resized) planned onto a resized group's nodes: only the holder restarts
     pending_new = replace(_group(2, ready=False, phase="Pending"), new_nodes_busy=True)
-    actions = group_actions([*resized, pending_new], NOW, nodes={"n0"})
-    assert [(r.group.index, r.reason) for r in actions.restarts][:2] == [(0, Reason.GROUP_RESTARTING),
-                                                                        (1, Reason.GROUP_RESTARTING)]  # fmt: skip
-    # a new instance of another pool planned onto nodes this pool still runs: this pool rolls on
-    # (its new nodes are free; its roll frees the nodes the other waits for), capacity kept
+    actions = group_actions(
+        [replace(resized[0], in_the_way=True), resized[1], pending_new], NOW, nodes={"n0"}
+    )
+    assert [(r.group.index, r.reason) for r in actions.restarts] == [(0, Reason.GROUP_RESTARTING)]
+    # the same across pools: a new prefill instance planned onto decode instance 1's nodes restarts
+    # that one instance; decode instance 0 keeps serving and rolls after it
     other_pool = replace(_group(0, ready=False, phase="Pending"), pool="prefill", new_nodes_busy=True)
-    actions = group_actions([*resized, other_pool], NOW, nodes={"n0"})
-    decode = [(r.group.index, r.reason) for r in actions.restarts if r.group.pool == "decode"]
-    assert decode == [(0, Reason.ROLLING_OUT)]
+    actions = group_actions([resized[0], replace(resized[1], in_the_way=True), other_pool], NOW, nodes={"n0"})
+    assert [(r.group.pool, r.group.index, r.reason) for r in actions.restarts] == [
+        ("decode", 1, Reason.GROUP_RESTARTING)
+    ]
     # a group not yet rolled whose node is gone restarts at once, as any moved group
     lost = group_actions(
         [_group(0), replace(_group(1, node="gone"), moved=True, resized_to=4)], NOW, nodes={"n0"}
@@ -373,3 +383,30 @@ def test_a_key_secret_counts_only_when_this_deployment_owns_it_and_it_is_well_fo
     pod = {"pool": "decode", "instance": 3}
     assert token_matches(digests, "m-decode-3", instance_token(bytes(range(32)), instance_of(pod, "m")))
     assert not token_matches(digests, "m-decode-2", instance_token(bytes(range(32)), instance_of(pod, "m")))
+
+
+def test_a_group_another_instance_is_planned_onto_is_in_the_way() -> None:
+    """Instance 1 narrows onto nodes instance 0 runs at its old width: 1's new nodes are busy and
+    0 is in the way (it restarts at once rather than wait for a turn that 1 blocks)."""
+    spec = gb200_decode_spec()
+    old = render_children(spec, OWNER, WIDE_PLAN, RuntimeSettings())
+    objects = [
+        {"kind": o["kind"], "name": o["metadata"]["name"], "annotations": o["metadata"]["annotations"],
+         "created": "2026-12-01T11:00:00Z"}
+        for o in old
+        if o["kind"] == "StatefulSet"
+    ]  # fmt: skip
+    site0, site1 = TWO_CLIQUE_PLAN.sites
+    plan = replace(TWO_CLIQUE_PLAN, sites=(site0, replace(site1, nodes=("n0-4", "n0-5", "n0-6", "n0-7"))))
+    pods = [
+        {"name": f"m-decode-{i}-{r}", "uid": f"u{i}{r}", "pool": "decode", "instance": i, "rank": r,
+         "phase": "Running", "ready": True, "restarts": 0, "created": "2026-12-01T11:00:00Z",
+         "templateHash": "t", "node": f"n{i}-{r}", "deleting": False}
+        for i in range(2)
+        for r in range(8)
+    ]  # fmt: skip
+    zero, one = group_states(spec, "m", objects, pods, plan)
+    assert (zero.in_the_way, zero.new_nodes_busy) == (True, False)
+    assert (one.in_the_way, one.new_nodes_busy) == (False, True)
+    apart = group_states(spec, "m", objects, pods, TWO_CLIQUE_PLAN)  # each narrows onto its own nodes
+    assert not any(g.in_the_way or g.new_nodes_busy for g in apart)

@@ -40,7 +40,9 @@ def group_actions(groups: Sequence[GroupState], now: datetime, nodes: Collection
     groups = width_changes(groups, nodes)
     for pool in sorted({g.pool for g in groups}):
         mine = sorted((g for g in groups if g.pool == pool), key=lambda g: g.index)
-        rolled = False
+        # a group that restarts whatever the roll does (broken, or a width change that cannot wait)
+        # is this pass's one instance down: the roll goes on once it is ready again
+        rolled = any(decide(g, now, False).action == "restart" for g in mine)
         for g in mine:
             # an instance that is not ready serves nothing: rolling it costs no capacity
             decision = decide(g, now, not rolled and pool_may_roll(mine, g))
@@ -61,18 +63,13 @@ def group_actions(groups: Sequence[GroupState], now: datetime, nodes: Collection
 
 
 def width_changes(groups: Sequence[GroupState], nodes: Collection[str]) -> list[GroupState]:
-    """Width changes that cannot roll: when a group of a pool (resized or not: a new instance, say)
-    was planned onto nodes another still runs, every resized group of that pool restarts at once (a
-    roll would wait on a group that cannot start); a resized group with a pod on a Node that is gone
-    restarts at once as a moved group. Another pool's groups roll on: a pool whose new nodes are
-    all free waits on nobody, and its roll frees the nodes it held (restarting it at once would only
-    take its capacity away)."""
-    busy = {g.pool for g in groups if g.new_nodes_busy}
+    """A resized group with a pod on a Node that is gone restarts at once as a moved group. (A width
+    change that cannot wait its turn restarts at once by itself: a group whose new nodes another
+    instance still runs, and one whose nodes another instance is planned onto; lifecycle.
+    rolls_to_new_width. Every other resized group of any pool rolls on, one at a time.)"""
     out = []
     for g in groups:
         if g.moved and g.resized_to and any(p.node and p.node not in nodes for p in g.pods):
             g = replace(g, resized_to=0)
-        elif g.pool in busy and g.moved and g.resized_to:
-            g = replace(g, new_nodes_busy=True)
         out.append(g)
     return out

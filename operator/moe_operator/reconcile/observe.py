@@ -130,6 +130,7 @@ def group_states(
     specs = pools(spec)
     planned = {site.key for site in plan.sites}  # instances left out are being removed
     running_on = {k: {p.node for p in states if p.node} for k, states in by_instance.items() if k in planned}
+    planned_on = {site.key: set(site.nodes) for site in plan.sites}
     for site in plan.sites:
         obj = by_name.get(L.instance_name(name, site.pool, site.index))
         if obj is None:
@@ -140,6 +141,7 @@ def group_states(
         # a group whose width changes runs at its old width until its roll (its object is held back)
         nnodes = len(old.nodes) if old is not None else width
         others = set().union(*(nodes for key, nodes in running_on.items() if key != site.key))
+        wanted = set().union(*(nodes for key, nodes in planned_on.items() if key != site.key))
         out.append(
             GroupState(
                 pool=site.pool,
@@ -153,6 +155,7 @@ def group_states(
                 moved=old is not None and old.nodes != site.nodes,
                 resized_to=width if nnodes != width else 0,
                 new_nodes_busy=bool(others & set(site.nodes)),
+                in_the_way=bool(running_on.get(site.key, set()) & wanted),
                 unready_limit_s=startup_timeout_s(spec),
                 start=(starts or {}).get(site.key),
             )
