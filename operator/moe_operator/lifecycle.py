@@ -102,10 +102,12 @@ def broken_reason(group: GroupState, now: datetime) -> str | None:
     start-up budget (a hung worker: its engine stopped answering /health) breaks it too: the
     kubelet restarts only what fails liveness, and one rank cannot rejoin its world alone."""
     if group.moved and group.resized_to:
-        where = " onto nodes other instances still run" if group.new_nodes_busy else ""
-        if group.in_the_way and not group.new_nodes_busy:
-            where = ", and another instance is planned onto the nodes it runs on"
-        return f"its width changes ({group.nnodes} -> {group.resized_to} nodes){where}, and every rank's world with it"
+        change = f"its width changes ({group.nnodes} -> {group.resized_to} nodes)"
+        if group.new_nodes_busy:
+            return f"{change} onto nodes other instances still run, and every rank's world with it"
+        if group.in_the_way:
+            return f"{change}, and every rank's world with it; another instance is planned onto the nodes it runs on"
+        return f"{change}, and every rank's world with it"
     if group.moved:
         return "the planner moved the instance to other nodes"
     for p in sorted(group.pods, key=lambda p: p.rank):
@@ -133,8 +135,8 @@ def decide(group: GroupState, now: datetime, may_roll: bool) -> GroupDecision:
 
     `may_roll` is False while another instance of the pool is not ready: spec changes roll
     instances one at a time so the pool keeps serving. A width change rolls too, while the
-    instance's new nodes are free: until its turn the group runs on its old nodes (its group
-    object is held back, reconcile.children).
+    instance's new nodes are free and no other instance is planned onto its nodes: until its turn
+    the group runs on its old nodes (its group object is held back, reconcile.children).
     """
     if rolls_to_new_width(group, now):
         if not may_roll:

@@ -160,8 +160,8 @@ def test_spec_rolls_one_instance_at_a_time() -> None:
 
 
 def test_a_width_change_rolls_one_instance_at_a_time_onto_free_nodes() -> None:
-    """Each group keeps running at its old width until its turn; onto nodes other instances still
-    run it could not start, so then every group restarts at once, and says why."""
+    """Each group keeps running at its old width until its turn; one planned onto nodes another
+    instance still runs, and the one running there, restart at once and say why."""
     resized = [replace(_group(i), moved=True, resized_to=4) for i in range(2)]
     actions = group_actions(resized, NOW, nodes={"n0"})
     assert [(r.group.index, r.reason) for r in actions.restarts] == [(0, Reason.ROLLING_OUT)]

@@ -40,8 +40,8 @@ def group_actions(groups: Sequence[GroupState], now: datetime, nodes: Collection
     groups = width_changes(groups, nodes)
     for pool in sorted({g.pool for g in groups}):
         mine = sorted((g for g in groups if g.pool == pool), key=lambda g: g.index)
-        # a group that restarts whatever the roll does (broken, or a width change that cannot wait)
-        # is this pass's one instance down: the roll goes on once it is ready again
+        # groups that restart whatever the roll does (broken, or width changes that cannot wait) are
+        # this pass's instances down: the roll goes on once they are ready again
         rolled = any(decide(g, now, False).action == "restart" for g in mine)
         for g in mine:
             # an instance that is not ready serves nothing: rolling it costs no capacity

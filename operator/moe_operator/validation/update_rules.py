@@ -94,9 +94,10 @@ def update_warnings(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> lis
             continue
         out.append(
             f"spec.{pool}.nodesPerReplica {old_nodes} -> {new_nodes} restarts every {pool} instance: one at a "
-            "time while the cluster has free nodes for each new group beside the running ones, else all at "
-            "once (the pool then serves nothing until the new groups are ready); a restarting instance's "
-            "requests in flight are lost. To keep full capacity, create a second MoEDeployment at the new "
-            "width, move traffic to it, then delete this one"
+            "time where the cluster has free nodes for each new group beside the running ones; an instance "
+            "that can only be placed onto nodes another still runs restarts at once, and so does the one "
+            "running there, whichever pool it is in; a restarting instance's requests in flight are lost. "
+            "To keep full capacity, create a second MoEDeployment at the new width, move traffic to it, "
+            "then delete this one"
         )
     return out
