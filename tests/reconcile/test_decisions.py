@@ -113,16 +113,21 @@ def test_a_statefulset_changing_width_is_held_while_its_group_runs() -> None:
     assert ("ComputeDomain", "m-cd-old") in diff_children(wide, observed, {}, []).prune
 
 
-def test_a_group_object_applied_moments_ago_is_at_its_planned_site() -> None:
-    """A reconcile that still sees the old width in the watch would roll the group a second time."""
-    spec = gb200_decode_spec()
+def _wide_group_objects(spec: Any) -> list[dict[str, Any]]:
+    """The StatefulSets of WIDE_PLAN (8 nodes per instance) as the group index holds them."""
     old = render_children(spec, OWNER, WIDE_PLAN, RuntimeSettings())
-    objects = [
+    return [
         {"kind": o["kind"], "name": o["metadata"]["name"], "annotations": o["metadata"]["annotations"],
          "created": "2026-12-01T11:00:00Z"}
         for o in old
         if o["kind"] == "StatefulSet"
     ]  # fmt: skip
+
+
+def test_a_group_object_applied_moments_ago_is_at_its_planned_site() -> None:
+    """A reconcile that still sees the old width in the watch would roll the group a second time."""
+    spec = gb200_decode_spec()
+    objects = _wide_group_objects(spec)
     lagging = group_states(spec, "m", objects, [], TWO_CLIQUE_PLAN)
     assert [(g.moved, g.nnodes, g.resized_to) for g in lagging] == [(True, 8, 4), (True, 8, 4)]
     settled = group_states(spec, "m", objects, [], TWO_CLIQUE_PLAN, settled={"m-decode-0"})
@@ -389,13 +394,7 @@ def test_a_group_another_instance_is_planned_onto_is_in_the_way() -> None:
     """Instance 1 narrows onto nodes instance 0 runs at its old width: 1's new nodes are busy and
     0 is in the way (it restarts at once rather than wait for a turn that 1 blocks)."""
     spec = gb200_decode_spec()
-    old = render_children(spec, OWNER, WIDE_PLAN, RuntimeSettings())
-    objects = [
-        {"kind": o["kind"], "name": o["metadata"]["name"], "annotations": o["metadata"]["annotations"],
-         "created": "2026-12-01T11:00:00Z"}
-        for o in old
-        if o["kind"] == "StatefulSet"
-    ]  # fmt: skip
+    objects = _wide_group_objects(spec)
     site0, site1 = TWO_CLIQUE_PLAN.sites
     plan = replace(TWO_CLIQUE_PLAN, sites=(site0, replace(site1, nodes=("n0-4", "n0-5", "n0-6", "n0-7"))))
     pods = [

@@ -33,7 +33,7 @@ from moe_operator.render.group import (
     service_account_name,
     token_secret_name,
 )
-from moe_operator.validation.flags import MAX_ROUTER_SHUTDOWN_GRACE_S, flag_value
+from moe_operator.validation.flags import MAX_ROUTER_SHUTDOWN_GRACE_S, ROUTER_SHUTDOWN_GRACE_FLAG, flag_value
 
 
 def _meta(
@@ -118,7 +118,6 @@ os.execv(sys.executable, argv)
 
 ROUTER_PRESTOP_S = 5
 """A replaced router pod keeps serving this long before SIGTERM: the Service's endpoints drop it first."""
-ROUTER_SHUTDOWN_GRACE_FLAG = "--shutdown-grace-period-secs"
 
 
 def router_shutdown_grace_s(spec: MoEDeploymentSpec) -> int:

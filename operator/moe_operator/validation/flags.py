@@ -105,6 +105,7 @@ PLACEMENT_BYPASS: dict[str, str] = {
 # stops it at start-up), a grace past the router's request timeout waits for nothing, and a day is
 # the longest a replaced router pod may stay Terminating here (a policy, not the router's limit).
 ROUTER_SHUTDOWN_GRACE = "shutdown_grace_period_secs"
+ROUTER_SHUTDOWN_GRACE_FLAG = "--shutdown-grace-period-secs"
 ROUTER_REQUEST_TIMEOUT_FLAG = "--request-timeout-secs"
 MAX_ROUTER_SHUTDOWN_GRACE_S = 86_400
 
