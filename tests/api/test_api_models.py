@@ -120,3 +120,13 @@ def test_a_width_change_admits_with_a_warning_that_says_what_it_costs() -> None:
     )
     assert not any("nodesPerReplica" in w for w in warnings(BASE_SPEC, BASE_SPEC))
     assert not any("nodesPerReplica" in w for w in warnings(wider))  # a creation changes nothing
+    assert any("requests in flight are lost (with autoscaling" in w for w in said)
+    scaled = copy.deepcopy(wider)
+    scaled["decode"]["autoscaling"] = {
+        "mode": "Operator",
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "slo": {"itl": "50ms"},
+    }
+    drained = [w for w in warnings(scaled, BASE_SPEC) if "nodesPerReplica" in w]
+    assert drained and "finish its requests before it restarts" in drained[0]

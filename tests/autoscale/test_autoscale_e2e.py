@@ -52,6 +52,7 @@ class Router:
     rate: float = 0.0
     replays: dict[str, tuple[str, subprocess.Popen[bytes]]] = field(default_factory=dict)
     uids: dict[str, str] = field(default_factory=dict)  # the leader pod each replay engine plays
+    lost: dict[str, int] = field(default_factory=dict)  # requests an engine still ran when its group went
     timeline: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -91,16 +92,19 @@ class Router:
             if not ip or pod["metadata"].get("deletionTimestamp") or self.uids.get(instance) == uid:
                 continue
             if instance in self.replays:  # the group was recreated (a roll): its engine restarts
+                with contextlib.suppress(httpx.HTTPError):  # what the old engine still ran is lost
+                    state = self.replay_state(instance)
+                    self.lost[instance] = self.lost.get(instance, 0) + state["running"] + state["queued"]
                 self.replays.pop(instance)[1].terminate()
             log = self.folder / f"{instance}-{uid[:8]}.log"
             proc = start_replay(ip, self.token_file, log, instance=instance, request_rate=0.0, **self.replay)
             self.replays[instance], self.uids[instance] = (ip, proc), uid
             time.sleep(1.0)
         st = self.status()
-        serving = int(st.get("serving") or 1)
+        listed = [i for i in range(int(st.get("serving") or 1)) if i != st.get("rollingInstance")]
         for instance, (ip, _) in self.replays.items():
             index = int(instance.rsplit("-", 1)[1])
-            rate = self.rate / serving if index < serving else 0.0
+            rate = self.rate / len(listed) if index in listed else 0.0
             auth = {"Authorization": f"Bearer {instance_token(self.key, instance)}"}
             with contextlib.suppress(httpx.HTTPError):  # not listening yet
                 httpx.post(
@@ -108,7 +112,8 @@ class Router:
                 )
         self.timeline.append(
             f"t={time.monotonic() - self.start:5.1f}s rate={self.rate} instances={st.get('instances')} "
-            f"serving={st.get('serving')} reason={st.get('reason')} latency={st.get('latency')} "
+            f"serving={st.get('serving')} off={st.get('rollingInstance')} reason={st.get('reason')} "
+            f"latency={st.get('latency')} "
             f"tokenUsage={st.get('tokenUsage')} wider={st.get('recommendedNodesPerReplica')}"
         )
         return st
@@ -241,8 +246,9 @@ def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_recommends_a_wider_instance
         assert any(e.startswith("WiderInstanceRecommended") and "4 node" in e for e in said), said
 
         # A person acts on it: the instances roll onto four nodes one at a time (each keeps serving at
-        # two nodes until its turn), each new engine holding the KV the memory model gives that
-        # width; the KV pressure is gone and the autoscaler's curve restarts at 32 GPUs
+        # two nodes until its turn, then leaves the router's list and finishes its requests before its
+        # group goes: maxReplicas leaves no room for a wide one first), each new engine holding the KV
+        # the memory model gives that width; the KV pressure is gone and the curve restarts at 32 GPUs
         merge = {"Content-Type": "application/merge-patch+json"}
         r = api.patch(
             moed_path(deployed, name), json={"spec": {"decode": {"nodesPerReplica": 4}}}, headers=merge
@@ -259,7 +265,7 @@ def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_recommends_a_wider_instance
                 return False
             return len(states) == 2 and all(s["kv_tokens"] == wide for s in states)
 
-        wait_for(wide_everywhere, 240, interval=1, what="both instances rolled onto four nodes")
+        wait_for(wide_everywhere, 420, interval=1, what="both instances rolled onto four nodes")
 
         def relieved() -> bool:
             st = router.play()
@@ -273,3 +279,9 @@ def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_recommends_a_wider_instance
         said = router.events()
         assert sum("rolling from 2 to 4 nodes" in e for e in said) == 2, said
         assert not [e for e in said if "decode 0/2" in e], said  # never both down at once
+        # each left the router's list and finished what it ran before its group went
+        assert sum(e.startswith("WidthDraining") for e in said) == 2, said
+        drained = [e for e in said if e.startswith("WidthDrained")]
+        assert len(drained) == 2 and all("finished its requests" in e for e in drained), said
+        assert sum(e.startswith("WidthRolled") for e in said) >= 1, said
+        assert len(router.lost) == 2 and sum(router.lost.values()) == 0, router.lost

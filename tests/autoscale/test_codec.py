@@ -131,3 +131,30 @@ def test_the_model_fits_the_status_field_however_many_rates() -> None:
     assert len(text) <= codec.MAX_MODEL_CHARS
     back = codec.read_model(text, ("itl", "ttft"), NOW)
     assert back is not None and back.rates and back.rates[-1] == many[-1]
+
+
+def test_a_width_roll_round_trips_and_a_tampered_one_is_dropped() -> None:
+    from moe_operator.api.status import PoolAutoscalingStatus
+
+    fallback = Scale(2, 2)
+    rolling = Scale(3, 3, last_change=NOW, rolling=1, released=True, rolling_since=NOW - 30)
+    d = PoolDecision(3, 3, "steady", "m", 3, _state())
+    out = codec.write_pool(rolling, Step(rolling, "width_rolling"), d, None)
+    PoolAutoscalingStatus.model_validate(out)
+    assert codec.read_scale(out, fallback, 1, 4, NOW, 600) == rolling
+    done = codec.write_pool(Scale(3, 3), Step(Scale(3, 3), "width_rolled"), d, None)
+    assert done["rollingInstance"] is None and done["rollingReleased"] is None  # removed by the merge patch
+
+    def read(**change: object) -> Scale:
+        return codec.read_scale({**out, **change}, fallback, 1, 4, NOW, 600)
+
+    assert read(rollingInstance=3).rolling is None  # not a listed instance
+    assert read(rollingInstance=-1).rolling is None
+    assert read(rollingInstance=True).rolling is None
+    assert read(rollingInstance=1.0).rolling is None
+    assert read(rollingSince=None).rolling is None  # no time: nothing to time a drain by
+    assert read(rollingSince="9999-12-31T23:59:59Z").rolling is None
+    assert read(rollingReleased="yes").released is False  # only the operator's own true releases
+    assert not read(rollingInstance=None).released
+    draining = read(reason="draining", instances=3, serving=2, pendingSince=codec._iso(NOW))
+    assert draining.draining and draining.rolling is None  # never both at once

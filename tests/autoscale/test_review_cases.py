@@ -98,6 +98,10 @@ def test_router_settled_reads_the_listing_and_the_rollout() -> None:
     assert not router_settled(router("decode=2", **done, unavailableReplicas=1), "decode", 2)
     assert not router_settled(None, "decode", 2)
     assert not router_settled(router("garbage", **done), "decode", 2)
+    # a width change's instance off the list: settled only once the router runs the list without it
+    assert router_settled(router("decode=3-1", **done), "decode", 3, 1)
+    assert not router_settled(router("decode=3", **done), "decode", 3, 1)
+    assert not router_settled(router("decode=3-1", **done), "decode", 3)
 
 
 def test_a_kv_handoff_in_flight_is_not_idle() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from moe_operator.autoscale.scale import MIN_DRAIN_S, Scale, advance, initial
+from collections.abc import Collection
+
+from moe_operator.autoscale.scale import MIN_DRAIN_S, Scale, Step, advance, initial
 
 BOOT, DRAIN = 300.0, 600.0
 
@@ -69,3 +71,76 @@ def test_load_back_during_a_drain_relists_the_warm_instance() -> None:
 def test_steady_does_nothing() -> None:
     step = advance(Scale(2, 2), 2, 2, {0, 1}, {0}, 0, BOOT, DRAIN)
     assert step.scale == Scale(2, 2) and step.event == ""
+
+
+def _tick(s: Scale, now: float, *, narrow: Collection[int], ready: Collection[int], idle: Collection[int] = (),
+          up: Collection[int] | None = None, room: bool = False, want: int | None = None,
+          settled: bool = True) -> Step:  # fmt: skip
+    n = s.instances if want is None else want
+    return advance(s, n, n, ready, idle, now, BOOT, DRAIN, settled, narrow, room, up)
+
+
+def test_a_width_change_with_room_makes_the_wide_instance_before_any_narrow_one_drains() -> None:
+    """Two narrow instances serving; maxReplicas leaves room for one more: it is created at the new
+    width and listed once ready; only then does a narrow one leave the list, finish its requests
+    after the router dropped it, and roll; it serves again once ready at the new width; then the next."""
+    narrow_up = {0, 1}  # up at the old width (``ready`` counts only the new width's ranks)
+    s = _tick(Scale(2, 2), 0, narrow={0, 1}, ready=set(), up=narrow_up, room=True)
+    assert (s.scale.instances, s.scale.serving, s.event) == (3, 2, "ScalingOut")
+    assert "at the new width before" in s.message
+    # while it boots nothing drains, and the decision's lower size cannot drop it
+    booting = _tick(s.scale, 30, narrow={0, 1}, ready=set(), up=narrow_up, room=True, want=2)
+    assert (booting.scale.instances, booting.scale.serving, booting.scale.rolling) == (3, 2, None)
+    listed = _tick(booting.scale, 60, narrow={0, 1}, ready={2}, up={0, 1, 2}, room=True)
+    assert (listed.scale.serving, listed.event) == (3, "ScaledOut")
+    # the wide one serves: no second surge, the first narrow one leaves the list
+    off = _tick(listed.scale, 90, narrow={0, 1}, ready={2}, up={0, 1, 2}, room=True)
+    assert (off.scale.instances, off.scale.rolling, off.scale.released, off.event) == (
+        3,
+        0,
+        False,
+        "WidthDraining",
+    )
+    # not before the minimum drain, not while it runs requests, not before the router dropped it
+    assert not _tick(off.scale, 90 + MIN_DRAIN_S - 1, narrow={0, 1}, ready={2}, idle={0}).scale.released
+    assert not _tick(off.scale, 200, narrow={0, 1}, ready={2}, idle=set()).scale.released
+    assert not _tick(off.scale, 200, narrow={0, 1}, ready={2}, idle={0}, settled=False).scale.released
+    drained = _tick(off.scale, 200, narrow={0, 1}, ready={2}, idle={0})
+    assert (drained.scale.rolling, drained.scale.released, drained.event) == (0, True, "WidthDrained")
+    assert "finished its requests" in drained.message
+    # the reconciler rolls it: gone, then booting at the new width: it stays off the list
+    rolling = _tick(drained.scale, 230, narrow={1}, ready={2})
+    assert (rolling.scale.rolling, rolling.reason) == (0, "width_rolling")
+    back = _tick(rolling.scale, 400, narrow={1}, ready={0, 2}, up={0, 1, 2})
+    assert (back.scale.rolling, back.event) == (None, "WidthRolled")
+    nxt = _tick(back.scale, 430, narrow={1}, ready={0, 2}, up={0, 1, 2}, room=True)
+    assert (nxt.scale.instances, nxt.scale.rolling, nxt.event) == (3, 1, "WidthDraining")  # no second surge
+
+
+def test_a_width_change_without_room_drains_each_narrow_instance_first() -> None:
+    s = _tick(Scale(2, 2), 0, narrow={0, 1}, ready=set(), up={0, 1}, room=False)
+    assert (s.scale.instances, s.scale.rolling, s.event) == (2, 0, "WidthDraining")
+    timed_out = _tick(s.scale, DRAIN, narrow={0, 1}, ready=set(), idle=set())
+    assert (timed_out.scale.released, timed_out.event) == (True, "WidthDrained")
+    assert "drain timeout" in timed_out.message
+
+
+def test_a_width_change_waits_while_a_listed_instance_is_down_and_load_growth_goes_first() -> None:
+    waiting = _tick(Scale(2, 2), 0, narrow={0, 1}, ready=set(), up={1})
+    assert (waiting.scale, waiting.reason) == (Scale(2, 2), "width_waiting")
+    grow = _tick(Scale(2, 2), 0, narrow={0, 1}, ready=set(), up={0, 1}, want=4)
+    assert (grow.scale.instances, grow.scale.rolling) == (4, None)
+    during = _tick(Scale(2, 2, rolling=0, rolling_since=0.0), 10, narrow={0, 1}, ready=set(), want=3)
+    assert (during.scale.instances, during.scale.rolling) == (3, 0)  # the roll's state is kept
+
+
+def test_the_only_listed_instance_rolls_at_once_and_says_requests_are_lost() -> None:
+    s = _tick(Scale(1, 1), 0, narrow={0}, ready=set(), up={0}, room=False)
+    assert (s.scale.rolling, s.scale.released) == (0, True)
+    assert "lost" in s.message
+
+
+def test_a_width_reverted_during_its_drain_lists_the_instance_again() -> None:
+    off = Scale(2, 2, rolling=1, rolling_since=0.0)
+    back = _tick(off, 10, narrow=set(), ready={0, 1})
+    assert (back.scale.rolling, back.event) == (None, "WidthRolled")

@@ -10,9 +10,10 @@ import pytest
 import yaml
 
 from moe_operator.api import MoEDeploymentSpec
+from moe_operator.api import keys as K
 from moe_operator.autoscale import codec
 from moe_operator.autoscale.decide import PoolObservation, PoolState, decide_pool
-from moe_operator.autoscale.effective import effective_spec
+from moe_operator.autoscale.effective import effective_spec, width_rolls
 from moe_operator.autoscale.model import Fit
 from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
@@ -108,6 +109,28 @@ def test_the_reconciler_renders_status_sizes_and_the_router_lists_only_serving()
     assert huge.decode.replicas == 6 and listed == {"decode": 6}
     frac, listed = effective_spec(spec, {"autoscaling": {"decode": {"instances": 1.5, "serving": 0}}}, NOW)
     assert frac.decode.replicas == 1 and listed == {"decode": 1}
+
+
+def test_a_width_roll_leaves_its_instance_off_the_router_and_out_of_the_pool_observation() -> None:
+    spec = MoEDeploymentSpec.model_validate(_spec(decode={**AUTO, "maxReplicas": 6}))
+    since = "2027-01-15T08:00:00Z"
+    status = {"autoscaling": {"decode": {"instances": 3, "serving": 3, "rollingInstance": 1,
+                                         "rollingReleased": True, "rollingSince": since}}}  # fmt: skip
+    assert width_rolls(spec, status, NOW) == {"decode": (3, 1, True)}
+    effective, serving = effective_spec(spec, status, NOW)
+    objects = router_objects(effective, Owner("q", "ns", "uid"), serving, {"decode": 1})
+    router = next(o for o in objects if o["kind"] == "Deployment")
+    args = " ".join(router["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert "-decode-0." in args and "-decode-1." not in args and "-decode-2." in args
+    assert router["metadata"]["annotations"][K.ROUTER_WORKERS] == "decode=3-1"
+    # one instance listed: the router keeps it (an empty list would serve nothing either)
+    alone = router_objects(effective, Owner("q", "ns", "uid"), {"decode": 1}, {"decode": 0})
+    alone_args = " ".join(next(o for o in alone if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+                          ["containers"][0]["command"])  # fmt: skip
+    assert "-decode-0." in alone_args
+    samples = {0: _sample(2.0), 1: _sample(0.0, running=0), 2: _sample(2.0)}
+    obs = pool_observation(10.0, samples, 3, pool_policy(spec, "decode").objectives, off=1)
+    assert obs is not None and obs.serving == 2 and obs.rate == 4.0
 
 
 def _sample(rate: float, running: float = 1, itl: tuple[float, ...] = (0.0, 30.0, 30.0)) -> InstanceSample:

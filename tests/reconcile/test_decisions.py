@@ -13,7 +13,7 @@ from moe_operator.api.conditions import Reason, get_condition
 from moe_operator.lifecycle import GroupState, PodState
 from moe_operator.reconcile.backend import backend_unavailable, leaderworkerset_state
 from moe_operator.reconcile.children import diff_children
-from moe_operator.reconcile.groups import group_actions
+from moe_operator.reconcile.groups import WidthGate, group_actions
 from moe_operator.reconcile.observe import group_states, trusted_pods
 from moe_operator.reconcile.status import compute_status, ready_event, stop_status
 from moe_operator.reconcile.token import instance_of, key_of
@@ -164,6 +164,21 @@ def test_spec_rolls_one_instance_at_a_time() -> None:
     assert actions.restarts[0].restarts == 0  # a roll is not a failure: the count stays
 
 
+def test_an_autoscaled_width_change_rolls_only_the_instance_the_autoscaler_drained() -> None:
+    """Listed instances of an autoscaled pool wait for the drain; one the router does not list
+    (booting past ``listed``) rolls as before; a width change that cannot wait still restarts."""
+    resized = [replace(_group(i), moved=True, resized_to=4) for i in range(3)]
+    held = group_actions(resized, NOW, nodes={"n0"}, gates={"decode": WidthGate(2)})
+    assert [r.group.index for r in held.restarts] == [2]  # not listed: serves nothing
+    released = group_actions(resized[:2], NOW, nodes={"n0"}, gates={"decode": WidthGate(2, 1)})
+    assert [(r.group.index, r.reason) for r in released.restarts] == [(1, Reason.ROLLING_OUT)]
+    busy = [replace(resized[0], new_nodes_busy=True), resized[1]]
+    forced = group_actions(busy, NOW, nodes={"n0"}, gates={"decode": WidthGate(2)})
+    assert [(r.group.index, r.reason) for r in forced.restarts] == [(0, Reason.GROUP_RESTARTING)]
+    other_pool = group_actions(resized[:2], NOW, nodes={"n0"}, gates={"prefill": WidthGate(2)})
+    assert [r.group.index for r in other_pool.restarts] == [0]  # the gate is per pool
+
+
 def test_a_width_change_rolls_one_instance_at_a_time_onto_free_nodes() -> None:
     """Each group keeps running at its old width until its turn; one planned onto nodes another
     instance still runs, and the one running there, restart at once and say why."""
@@ -231,6 +246,11 @@ def test_an_instance_that_is_not_ready_rolls_without_waiting_for_itself() -> Non
     pending = _group(0, ready=False, phase="Pending", template="t0")
     actions = group_actions([pending, _group(1, template="t0")], NOW, nodes={"n0"})
     assert [(r.group.index, r.reason) for r in actions.restarts] == [(0, Reason.ROLLING_OUT)]
+    # ... even while another instance of the pool is down too (it was not ready before either)
+    resized = replace(_group(2, ready=False), moved=True, resized_to=4)
+    booting = _group(1, ready=False, template="t1")
+    three = group_actions([_group(0), booting, resized], NOW, nodes={"n0"})
+    assert [(r.group.index, r.reason) for r in three.restarts] == [(2, Reason.ROLLING_OUT)]
 
 
 def test_a_formed_world_gets_its_members_recorded_once() -> None:

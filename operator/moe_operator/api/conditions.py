@@ -53,6 +53,9 @@ class Reason(StrEnum):
     DRAIN_CANCELLED = "DrainCancelled"
     SCALED_IN = "ScaledIn"
     DRAIN_TIMED_OUT = "DrainTimedOut"
+    WIDTH_DRAINING = "WidthDraining"
+    WIDTH_DRAINED = "WidthDrained"
+    WIDTH_ROLLED = "WidthRolled"
     WIDER_INSTANCE_RECOMMENDED = "WiderInstanceRecommended"
     # events of the reconciler
     MONITORING_SKIPPED = "MonitoringSkipped"

@@ -187,7 +187,11 @@ class PoolAutoscalingStatus(StatusObject):
         default=0, ge=0, le=256, description="Instances the pool keeps, booting and draining ones included."
     )
     serving: int = Field(
-        default=0, ge=0, le=256, description="Instances the router sends requests to: the first this many."
+        default=0,
+        ge=0,
+        le=256,
+        description="Instances the router sends requests to: the first this many, "
+        "less rollingInstance during a width change.",
     )
     need: int = Field(
         default=0,
@@ -198,7 +202,8 @@ class PoolAutoscalingStatus(StatusObject):
         default="",
         max_length=32,
         description="Last decision: steady, scale_out, scale_in, draining, drained, cooldown, booting, "
-        "budget, min_instances, rolled_back or no_data.",
+        "budget, min_instances, rolled_back, no_data, or a width change's width_waiting, width_draining, "
+        "width_drained, width_rolling, width_rolled.",
     )
     message: str = Field(default="", max_length=2048, description="The decision in words, with its numbers.")
     offered_rate: float | None = Field(
@@ -238,6 +243,22 @@ class PoolAutoscalingStatus(StatusObject):
         default=None,
         json_schema_extra={"format": "date-time"},
         description="No growth before this time: a scale-out was rolled back.",
+    )
+    rolling_instance: int | None = Field(
+        default=None,
+        ge=0,
+        le=255,
+        description="The instance off the router for a width change: it finishes its requests, then "
+        "the reconciler rolls it onto the new width; listed again once ready. Absent when none.",
+    )
+    rolling_released: bool | None = Field(
+        default=None,
+        description="The rolling instance finished its requests (or the drain timed out): it may roll now.",
+    )
+    rolling_since: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When the rolling instance left the router, or was released to roll.",
     )
     model: str = Field(
         default="",

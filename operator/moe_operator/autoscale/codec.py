@@ -154,13 +154,24 @@ def read_scale(
     draining = raw.get("reason") == "draining" and instances - serving == 1 and pending is not None
     draining = draining and lo <= serving
     instances = min(max(instances, lo), max(hi, min(existing, instances)))
+    serving = min(serving, instances)
+    rolling = raw.get("rollingInstance")
+    since = when("rollingSince")
+    # a width roll's instance: a listed one, never alongside a scale-in's drain, with its time
+    if isinstance(rolling, bool) or not isinstance(rolling, int) or not 0 <= rolling < serving:
+        rolling = None
+    if draining or since is None:
+        rolling = None
     return Scale(
         instances=instances,
-        serving=min(serving, instances),
+        serving=serving,
         pending_since=pending,
         last_change=when("lastScaleTime"),
         blocked_until=when("blockedUntil", horizon_s + 60.0),
         draining=draining,
+        rolling=rolling,
+        released=rolling is not None and raw.get("rollingReleased") is True,
+        rolling_since=since if rolling is not None else None,
     )
 
 
@@ -178,6 +189,10 @@ def write_pool(
         "lastScaleTime": _iso(scale.last_change),
         "pendingSince": _iso(scale.pending_since),
         "blockedUntil": _iso(scale.blocked_until),
+        # None removes the fields once the roll is over (status is merge-patched)
+        "rollingInstance": scale.rolling,
+        "rollingReleased": scale.released if scale.rolling is not None else None,
+        "rollingSince": _iso(scale.rolling_since) if scale.rolling is not None else None,
         "model": write_model(decision.state),
     }
     if obs is not None and decision.reason != "no_data":

@@ -33,11 +33,13 @@ def pool_observation(
     ttft_from: Mapping[int, InstanceSample] | None = None,
     at_width: Collection[int] | None = None,
     ttft_at_width: Collection[int] | None = None,
+    off: int | None = None,
 ) -> PoolObservation | None:
     """The pool over the interval; None when no serving instance gave a usable interval.
     ``at_width``: the instances running at the pool's current width (None: all of them);
-    ``ttft_at_width``: the same for the instances in ``ttft_from``."""
-    listed = [i for i in samples if i < serving]
+    ``ttft_at_width``: the same for the instances in ``ttft_from``; ``off``: an instance of the
+    first ``serving`` that is off the router (a width change drains it)."""
+    listed = [i for i in samples if i < serving and i != off]
     mine = [samples[i] for i in listed]
     if not mine:
         return None

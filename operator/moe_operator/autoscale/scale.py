@@ -7,6 +7,13 @@ removed again (it could not be placed, or does not start) and growth pauses for 
 A scale-in takes the last instance off the list first, waits until it has finished what it
 runs (no running or queued request) or the drain timeout passes, and only then removes its
 group. Load that returns during a drain puts the warm instance back on the list.
+
+A width change (``nodesPerReplica`` edited) is made before it breaks: while the pool has room
+(``maxReplicas``, the GPU budget) one instance at the new width is created first and listed once
+ready; then each instance still at the old width in turn is taken off the list (``rolling``),
+finishes its requests, and only then is released to the reconciler, which rolls it onto the new
+width; it is listed again once ready. The extra instance goes like any other, when the load lets
+the pool shrink. Without room the same drain comes first, at one instance fewer while each rolls.
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ class Scale:
     last_change: float | None = None
     blocked_until: float | None = None  # no growth before (after a rollback)
     draining: bool = False  # instance ``serving`` is off the router and finishing its requests
+    rolling: int | None = None  # an instance off the router for its width change
+    released: bool = False  # ``rolling`` finished its requests: the reconciler may roll it now
+    rolling_since: float | None = None  # when ``rolling`` left the list, or was released
 
 
 @dataclass(frozen=True)
@@ -51,17 +61,32 @@ def advance(
     boot_s: float,
     drain_timeout_s: float,
     router_settled: bool = True,
+    narrow: Collection[int] = (),
+    room: bool = False,
+    up: Collection[int] | None = None,
 ) -> Step:
     """One tick: ``want`` is the decision's size and ``need`` what the load needs (a drain is
     cancelled only when the load needs the instance back; None: no data, nothing is cancelled);
     ``ready`` and ``idle`` are instance indexes as observed; ``router_settled``: the router runs
-    the current worker list everywhere (a drained instance may go only then, or at the timeout)."""
+    the current worker list everywhere (a drained instance may go only then, or at the timeout);
+    ``narrow``: instances still at the old width; ``room``: one more instance fits the pool's
+    bounds and the budget (a width change then creates one at the new width first); ``up``: the
+    instances whose ranks are all ready at either width (default ``ready``, which counts only the
+    new width's)."""
     if s.blocked_until is not None and now < s.blocked_until:
         want = min(want, s.instances)
     if s.draining:
         return _drain(s, need, idle, now, drain_timeout_s, router_settled)
+    if s.rolling is not None or any(i < s.serving for i in narrow):
+        want = max(want, s.instances)  # a width change keeps what it created until every instance is wide
     if s.instances > s.serving:
         return _grow(s, want, ready, now, boot_s)
+    if s.rolling is not None and want == s.instances:  # growth for load goes first
+        return _roll(s, narrow, ready, idle, now, drain_timeout_s, router_settled)
+    listed_narrow = sorted(i for i in narrow if i < s.serving)
+    if listed_narrow and want == s.instances:
+        blocked = s.blocked_until is not None and now < s.blocked_until
+        return _widen(s, listed_narrow, ready if up is None else up, now, room and not blocked)
     if want > s.instances:
         grown = replace(s, instances=want, pending_since=now, last_change=now)
         return Step(
@@ -117,7 +142,9 @@ def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float
     since = s.pending_since
     if now - since > 2 * boot_s:
         stuck = [i for i in new if i not in ready]
-        back = Scale(s.serving, s.serving, None, now, now + boot_s)
+        back = replace(
+            s, instances=s.serving, pending_since=None, last_change=now, blocked_until=now + boot_s
+        )
         return Step(
             back, "rolled_back", "ScaleOutRolledBack",
             f"instance(s) {stuck} not ready {now - since:.0f}s after creation (bootTime x2): removed; "
@@ -127,3 +154,63 @@ def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float
         target = max(want, s.serving)  # instances still booting can go; serving ones drain first
         return Step(replace(s, instances=target), "scale_out" if target > s.instances else "booting")
     return Step(s, "booting")
+
+
+def _widen(s: Scale, narrow: list[int], up: Collection[int], now: float, room: bool) -> Step:
+    """The next step of a width change: an instance at the new width first (when none serves yet
+    and there is room), then the first narrow instance off the list once every listed one is up."""
+    if room and len(narrow) == s.serving:
+        grown = replace(s, instances=s.instances + 1, pending_since=now, last_change=now)
+        return Step(
+            grown,
+            "scale_out",
+            "ScalingOut",
+            f"creating instance {s.instances} at the new width before any at the old width drains: "
+            f"{s.instances} -> {s.instances + 1}",
+        )
+    if any(i not in up for i in range(s.serving)):
+        return Step(s, "width_waiting")  # a roll takes one instance at a time, the others serving
+    i = narrow[0]
+    if s.serving == 1:  # the router keeps its only instance (an empty list serves nothing either)
+        alone = replace(s, rolling=i, released=True, rolling_since=now, last_change=now)
+        return Step(
+            alone,
+            "width_drained",
+            "WidthDrained",
+            f"instance {i}, the only one listed, rolls to the new width at once: no room for one at the "
+            "new width first (maxReplicas or gpuBudget); its requests in flight are lost",
+        )
+    off = replace(s, rolling=i, released=False, rolling_since=now, last_change=now)
+    return Step(
+        off,
+        "width_draining",
+        "WidthDraining",
+        f"instance {i} off the router before it rolls to the new width; it finishes its requests first",
+    )
+
+
+def _roll(
+    s: Scale, narrow: Collection[int], ready: Collection[int], idle: Collection[int], now: float,
+    timeout_s: float, router_settled: bool,
+) -> Step:  # fmt: skip
+    """Instance ``rolling``: drained (idle after the router dropped it, or the timeout), then released
+    to the reconciler, then listed again once it is ready at the new width."""
+    i = s.rolling
+    waited = now - (s.rolling_since if s.rolling_since is not None else now)
+    if i is None or i >= s.serving or (i not in narrow and i in ready):
+        back = replace(s, rolling=None, released=False, rolling_since=None, last_change=now)
+        return Step(back, "width_rolled", "WidthRolled", f"instance {i} back on the router at the new width")
+    if s.released:
+        return Step(s, "width_rolling")
+    done = waited >= MIN_DRAIN_S and i in idle and router_settled
+    if done or waited >= timeout_s:
+        how = (
+            f"finished its requests after {waited:.0f}s"
+            if done
+            else f"still had requests after the {timeout_s:.0f}s drain timeout"
+        )
+        out = replace(s, released=True, rolling_since=now)
+        return Step(
+            out, "width_drained", "WidthDrained", f"instance {i} {how}; it rolls to the new width now"
+        )
+    return Step(s, "width_draining")

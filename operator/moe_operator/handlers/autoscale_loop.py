@@ -31,6 +31,7 @@ from moe_operator.autoscale.scale import Scale, Step, advance
 from moe_operator.control.client import RuntimeAnswerError, RuntimeClient
 from moe_operator.handlers.state import DeploymentState, OperatorState, operator_of
 from moe_operator.reconcile.observe import trusted_pods
+from moe_operator.render.shared import router_listing
 
 TICK_S = float(os.environ.get("MOE_AUTOSCALE_INTERVAL_S", "30"))
 SCRAPE_TIMEOUT_S = 2.0  # per read (a slow peer is cut at 4x this): a tick of 256 leaders stays bounded
@@ -64,6 +65,25 @@ def at_width(spec: MoEDeploymentSpec, pods: list[dict[str, Any]], pool: Pool) ->
     """Instances of ``pool`` with as many ranks as the spec's width (not one still at the old width)."""
     want = pools(spec)[pool].nodes_per_replica
     return frozenset(i for i, r in _ranks(pods, pool).items() if len(r) == want)
+
+
+def up_instances(pods: list[dict[str, Any]], pool: Pool) -> frozenset[int]:
+    """Instances of ``pool`` whose every rank is ready, at whatever width they run."""
+    return frozenset(i for i, r in _ranks(pods, pool).items() if r and all(r))
+
+
+def surge_room(
+    spec: MoEDeploymentSpec, policies: dict[Pool, PoolPolicy], scales: dict[Pool, Scale], pool: Pool
+) -> bool:
+    """One more instance of ``pool`` fits its maxReplicas and the GPU budget (all pools at their
+    current widths' GPUs, the fixed ones at their spec size)."""
+    if scales[pool].instances >= policies[pool].max_instances:
+        return False
+    if spec.gpu_budget is None:
+        return True
+    fixed = sum(p.replicas * world_size(p, spec.topology) for n, p in pools(spec).items() if n not in scales)
+    used = fixed + sum(s.instances * policies[n].width.gpus for n, s in scales.items())
+    return used + policies[pool].width.gpus <= spec.gpu_budget
 
 
 def scrape(
@@ -118,8 +138,9 @@ def decide_all(
         sized = None if pods is None else at_width(spec, pods, pool)
         ttft_sized = None if pods is None or ttft_from is None else at_width(spec, pods, "decode")
         obs = pool_observation(
-            now, samples.get(pool, {}), scale.serving, policy.objectives, ttft_from, sized, ttft_sized
-        )
+            now, samples.get(pool, {}), scale.serving, policy.objectives, ttft_from, sized, ttft_sized,
+            scale.rolling,
+        )  # fmt: skip
         metrics = tuple(o.metric for o in policy.objectives)
         raw = stored.get(pool)
         text = str(raw.get("model") or "") if isinstance(raw, dict) else ""
@@ -136,12 +157,15 @@ def decide_all(
 
 def decode_serving(samples: Samples, scales: dict[Pool, Scale]) -> dict[int, signals.InstanceSample]:
     """The decode instances on the router's list: where a P/D deployment's TTFT is observed."""
-    listed = scales["decode"].serving if "decode" in scales else None
-    return {i: s for i, s in samples.get("decode", {}).items() if listed is None or i < listed}
+    d = scales.get("decode")
+    return {
+        i: s for i, s in samples.get("decode", {}).items() if d is None or (i < d.serving and i != d.rolling)
+    }
 
 
-def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int) -> bool:
-    """The router Deployment lists ``serving`` instances of the pool and every pod runs that list."""
+def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int, off: int | None = None) -> bool:
+    """The router Deployment lists ``serving`` instances of the pool (less ``off``) and every pod runs
+    that list."""
     if router is None:
         return False
     listing = dict(
@@ -152,20 +176,23 @@ def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int) -> b
     st = router["status"]
     replicas = st.get("replicas")
     rolled = replicas is not None and replicas == st.get("updatedReplicas") == st.get("readyReplicas")
-    return listing.get(pool) == str(serving) and rolled and not st.get("unavailableReplicas")
+    expected = router_listing(serving, off)
+    return listing.get(pool) == expected and rolled and not st.get("unavailableReplicas")
 
 
 def act(
     spec: MoEDeploymentSpec, pool: Pool, policy: PoolPolicy, scale: Scale, decision: PoolDecision,
-    pods: list[dict[str, Any]], samples: Samples, router: dict[str, Any] | None, now: float,
+    pods: list[dict[str, Any]], samples: Samples, router: dict[str, Any] | None, now: float, room: bool,
 ) -> Step:  # fmt: skip
     ready = ready_instances(spec, pods, pool)
     need = None if decision.reason == "no_data" else decision.need  # no data cancels nothing
-    settled = router_settled(router, pool, scale.serving)
+    settled = router_settled(router, pool, scale.serving, scale.rolling)
     quiet = idle(samples.get(pool, {}))
+    narrow = frozenset(_ranks(pods, pool)) - at_width(spec, pods, pool)
     return advance(
-        scale, decision.instances, need, ready, quiet, now, policy.boot_s, policy.drain_timeout_s, settled
-    )
+        scale, decision.instances, need, ready, quiet, now, policy.boot_s, policy.drain_timeout_s, settled,
+        narrow, room, up_instances(pods, pool),
+    )  # fmt: skip
 
 
 @kopf.timer(GROUP, PLURAL, interval=TICK_S, initial_delay=TICK_S)
@@ -192,7 +219,8 @@ def autoscale_timer(
     router = next((d for d in kwargs["deployment_index"].get(key, []) if d["name"] == f"{name}-router"), None)
     updates: dict[str, Any] = {p: None for p in status.get("autoscaling") or {} if p not in scales}
     for pool, (decision, obs) in decide_all(spec, policies, status, samples, scales, now, pods).items():
-        step = act(spec, pool, policies[pool], scales[pool], decision, pods, samples, router, now)
+        room = surge_room(spec, policies, scales, pool)
+        step = act(spec, pool, policies[pool], scales[pool], decision, pods, samples, router, now, room)
         updates[pool] = codec.write_pool(step.scale, step, decision, obs)
         op.metrics.counter(
             "moe_operator_autoscale_decisions_total", namespace, name, pool, updates[pool]["reason"]

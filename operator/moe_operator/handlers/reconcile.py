@@ -26,7 +26,7 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason
 from moe_operator.api.names import GROUP, PLURAL
-from moe_operator.autoscale.effective import effective_spec, existing_instances
+from moe_operator.autoscale.effective import effective_spec, existing_instances, width_rolls
 from moe_operator.handlers.indexes import CHILD_INDEXES, MANAGED, served_kinds
 from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.start_probe import read_starts
@@ -41,7 +41,7 @@ from moe_operator.reconcile.backend import (
     resolve_group_backend,
 )
 from moe_operator.reconcile.children import ChildChanges, api_version, child_key, diff_children
-from moe_operator.reconcile.groups import GroupActions, group_actions
+from moe_operator.reconcile.groups import GroupActions, WidthGate, group_actions
 from moe_operator.reconcile.observe import group_states, node_snapshot, previous_sites, trusted_pods
 from moe_operator.reconcile.status import Event, compute_status, ready_event, status_changed, stop_status
 from moe_operator.reconcile.token import key_of, owned_by
@@ -121,7 +121,12 @@ def _steps(t: Target) -> None:
     if checked is None:
         return
     # the autoscaler's sizes where it scales; a lowered maxReplicas drains what exists
-    spec, serving = effective_spec(checked, t.status, t.now.timestamp(), existing_instances(t.pods()))
+    existing = existing_instances(t.pods())
+    spec, serving = effective_spec(checked, t.status, t.now.timestamp(), existing)
+    # an autoscaled pool's width change: one instance off the router, rolled only once released
+    rolls = width_rolls(checked, t.status, t.now.timestamp(), existing)
+    off = {pool: r for pool, (_, r, _) in rolls.items() if r is not None}
+    gates = {pool: WidthGate(n, r if released else None) for pool, (n, r, released) in rolls.items()}
     backend = choose_backend(t, spec)
     if backend is None:
         return
@@ -133,7 +138,7 @@ def _steps(t: Target) -> None:
     monitoring = monitoring_kinds(t, spec)
     desired = render_children(
         spec, t.owner, plan, t.op.settings, placement_versions(t.status), backend, monitoring,
-        compute_domain_usable(t, spec), serving,
+        compute_domain_usable(t, spec), serving, off,
     )  # fmt: skip
     observed = {(c["kind"], c["name"]): c for c in children}
     pods = trusted_pods(t.pods(), group_objects, t.owner.name)
@@ -150,7 +155,7 @@ def _steps(t: Target) -> None:
     groups = group_states(
         spec, t.owner.name, group_objects, pods, plan, hashes, read_starts(t, pods), settled
     )
-    actions = group_actions(groups, t.now, t.indexes["node_index"])
+    actions = group_actions(groups, t.now, t.indexes["node_index"], gates)
     posted = act_on_groups(t, actions, changes, backend)
     router = next((c for c in children if c["kind"] == "Deployment"), None)
     desired_status = compute_status(

@@ -6,12 +6,20 @@ pool into a list of actions for the shell, keeping spec rolls one instance per p
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from moe_operator.api.conditions import Reason
-from moe_operator.lifecycle import GroupState, decide, formed, pool_may_roll, restarts_after
+from moe_operator.lifecycle import (
+    GroupState,
+    decide,
+    formed,
+    is_ready,
+    pool_may_roll,
+    restarts_after,
+    rolls_to_new_width,
+)
 
 
 @dataclass(frozen=True)
@@ -34,8 +42,24 @@ class GroupActions:
     restarting: dict[tuple[str, int], tuple[Reason, str]] = field(default_factory=dict)
 
 
-def group_actions(groups: Sequence[GroupState], now: datetime, nodes: Collection[str]) -> GroupActions:
-    """``nodes``: the Nodes that exist. Rolls go one instance per pool at a time."""
+@dataclass(frozen=True)
+class WidthGate:
+    """An autoscaled pool's width change (autoscale.scale): of its first ``listed`` instances, a ready
+    one rolls to the new width only when it is ``released`` (drained off the router); None: none
+    may yet. One not ready serves nothing and rolls as in any pool."""
+
+    listed: int
+    released: int | None = None
+
+
+def group_actions(
+    groups: Sequence[GroupState],
+    now: datetime,
+    nodes: Collection[str],
+    gates: Mapping[str, WidthGate] | None = None,
+) -> GroupActions:
+    """``nodes``: the Nodes that exist. Rolls go one instance per pool at a time; in a pool with a
+    ``gates`` entry a listed instance rolls to a new width only once the autoscaler released it."""
     out = GroupActions()
     groups = width_changes(groups, nodes)
     for pool in sorted({g.pool for g in groups}):
@@ -45,7 +69,11 @@ def group_actions(groups: Sequence[GroupState], now: datetime, nodes: Collection
         rolled = any(decide(g, now, False).action == "restart" for g in mine)
         for g in mine:
             # an instance that is not ready serves nothing: rolling it costs no capacity
-            decision = decide(g, now, not rolled and pool_may_roll(mine, g))
+            may = pool_may_roll(mine, g)
+            gate = (gates or {}).get(pool)
+            if gate is not None and g.index < gate.listed and is_ready(g) and rolls_to_new_width(g, now):
+                may = g.index == gate.released  # drained first: the autoscaler saw the others up
+            decision = decide(g, now, not rolled and may)
             if decision.action == "none":
                 continue
             reason = Reason(decision.reason)

@@ -42,13 +42,15 @@ def render_children(
     monitoring: Collection[str] = (),
     compute_domain: bool = False,
     serving: Mapping[str, int] | None = None,
+    off: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Desired children, each annotated with a hash of its content (unchanged hash: no write).
 
     Instances that wait for capacity get no StatefulSet: never half a group. ``placement``:
     published placement versions per pool; in eplb mode static they are the boot placement.
     ``compute_domain``: ComputeDomains for the multi-node NVLink instances, and their pods' claims.
-    ``serving``: instances per pool on the router's list (the autoscaler's; default all).
+    ``serving``: instances per pool on the router's list (the autoscaler's; default all), less
+    ``off``'s instance per pool (a width change drains it before it rolls).
     """
     objects: list[dict[str, Any]] = [*runtime_rbac(spec, owner)]
     if compute_domain:
@@ -66,7 +68,7 @@ def render_children(
                 objects += instance_objects(
                     spec, owner, pool, instance, settings, config_hash, boot, backend, compute_domain
                 )
-    objects += router_objects(spec, owner, serving)
+    objects += router_objects(spec, owner, serving, off)
     objects += network_objects(spec, owner, settings.network)
     objects += [o for o in monitoring_objects(spec, owner) if o["kind"] in monitoring]
     for obj in objects:

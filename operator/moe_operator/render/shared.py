@@ -135,8 +135,17 @@ def router_termination_grace_s(spec: MoEDeploymentSpec) -> int:
     return ROUTER_PRESTOP_S + router_shutdown_grace_s(spec) + TERMINATION_MARGIN_S
 
 
+def router_listing(listed: int, off: int | None = None) -> str:
+    """How the router Deployment's annotation names a pool's list: ``3``, or ``3-1`` for the first
+    three without instance 1 (off the list for its width change)."""
+    return str(listed) if off is None or off >= listed or listed < 2 else f"{listed}-{off}"
+
+
 def router_objects(
-    spec: MoEDeploymentSpec, owner: Owner, serving: Mapping[str, int] | None = None
+    spec: MoEDeploymentSpec,
+    owner: Owner,
+    serving: Mapping[str, int] | None = None,
+    off: Mapping[str, int] | None = None,
 ) -> list[dict[str, Any]]:
     """SGLang's router as a Deployment + Service, wired to every instance leader.
 
@@ -144,7 +153,8 @@ def router_objects(
     Service sends no traffic to a router without workers); /health is only a liveness alias. The
     router waits for its workers as long as an engine group may take to start (spec.engine.startupTimeout).
     Its worker-management API is locked (ROUTER_LAUNCH). ``serving``: how many of a pool's
-    instances the router lists (the autoscaler keeps booting and draining ones off the list).
+    instances the router lists (the autoscaler keeps booting and draining ones off the list);
+    ``off``: an instance per pool left out of those (a width change drains it before it rolls).
     """
     r = spec.router
     port = spec.engine.port
@@ -156,10 +166,11 @@ def router_objects(
         return min(replicas, (serving or {}).get(pool, replicas))
 
     def urls(pool: Pool) -> list[str]:
-        return [f"http://{leader_address(owner, pool, i)}:{port}" for i in range(listed(pool))]
+        hole = (off or {}).get(pool) if listed(pool) >= 2 else None  # never an empty list
+        return [f"http://{leader_address(owner, pool, i)}:{port}" for i in range(listed(pool)) if i != hole]
 
     startup = math.ceil(startup_timeout_s(spec))
-    workers = sum(listed(pool) for pool in pools(spec))
+    workers = sum(len(urls(pool)) for pool in pools(spec))
     policy = router_policy(r.policy, workers)
     args = [
         "--host",
@@ -240,7 +251,9 @@ def router_objects(
         "spec": {"selector": selector, "ports": [{"name": "http", "port": r.port, "targetPort": r.port}]},
     }
     if serving:  # the autoscaler waits until the router runs this list before removing a drained instance
-        listing = ",".join(f"{pool}={listed(pool)}" for pool in pools(spec))
+        listing = ",".join(
+            f"{pool}={router_listing(listed(pool), (off or {}).get(pool))}" for pool in pools(spec)
+        )
         deployment["metadata"].setdefault("annotations", {})[K.ROUTER_WORKERS] = listing
     harden_router_pod(deployment["spec"]["template"]["spec"], owner, r.replicas, selector)
     extra = [router_disruption_budget(owner, selector)] if r.replicas >= 2 else []

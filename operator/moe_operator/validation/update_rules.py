@@ -92,12 +92,21 @@ def update_warnings(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> lis
         )
         if _get(old_spec, pool) is None or _get(spec, pool) is None or old_nodes == new_nodes:
             continue
+        scaled = _get(spec, f"{pool}.autoscaling.mode", "External") == "Operator"
+        how = (
+            "the autoscaler first creates one instance at the new width where maxReplicas and gpuBudget "
+            "leave room, then takes each instance off the router and lets it finish its requests before "
+            "it restarts"
+            if scaled
+            else "a restarting instance's requests in flight are lost (with autoscaling.mode Operator the "
+            "autoscaler drains each instance first)"
+        )
         out.append(
             f"spec.{pool}.nodesPerReplica {old_nodes} -> {new_nodes} restarts every {pool} instance: one at a "
             "time where the cluster has free nodes for each new group beside the running ones; an instance "
             "that can only be placed onto nodes another still runs restarts at once, and so does the one "
-            "running there, whichever pool it is in; a restarting instance's requests in flight are lost. "
-            "To keep full capacity, create a second MoEDeployment at the new width, move traffic to it, "
-            "then delete this one"
+            f"running there, whichever pool it is in, losing its requests in flight; otherwise {how}. "
+            "To keep full capacity without autoscaling, create a second MoEDeployment at the new width, move "
+            "traffic to it, then delete this one"
         )
     return out
