@@ -201,9 +201,7 @@ def restarts_after(group: GroupState, now: datetime) -> int:
 
 def pool_may_roll(groups: Sequence[GroupState], group: GroupState) -> bool:
     """May ``group`` roll now: when every other instance of the pool is ready, or when none is
-    ready at all (nothing serving to protect). A group that is not ready itself (pending, say)
-    serves nothing, so it does not wait for the others."""
-    if not is_ready(group):
-        return True
+    ready at all (nothing serving to protect). Its own readiness is not waited for (a pending
+    group serves nothing), but one that is only briefly unready still waits for the others."""
     others = [g for g in groups if (g.pool, g.index) != (group.pool, group.index)]
     return all(is_ready(g) for g in others) or not any(is_ready(g) for g in groups)

@@ -92,9 +92,11 @@ class Router:
             if not ip or pod["metadata"].get("deletionTimestamp") or self.uids.get(instance) == uid:
                 continue
             if instance in self.replays:  # the group was recreated (a roll): its engine restarts
-                with contextlib.suppress(httpx.HTTPError):  # what the old engine still ran is lost
+                try:  # what the old engine still ran is lost (-1: it could not be asked)
                     state = self.replay_state(instance)
                     self.lost[instance] = self.lost.get(instance, 0) + state["running"] + state["queued"]
+                except httpx.HTTPError:
+                    self.lost[instance] = -1
                 self.replays.pop(instance)[1].terminate()
             log = self.folder / f"{instance}-{uid[:8]}.log"
             proc = start_replay(ip, self.token_file, log, instance=instance, request_rate=0.0, **self.replay)
@@ -125,6 +127,16 @@ class Router:
             for e in items
             if e["involvedObject"].get("name") == self.name
         ]
+
+    def first_seen(self) -> dict[str, str]:
+        """Event reason -> when it was first posted (RFC 3339, one-second resolution)."""
+        items = self.api.get(f"/api/v1/namespaces/{self.namespace}/events").json()["items"]
+        out: dict[str, str] = {}
+        for e in items:
+            if e["involvedObject"].get("name") == self.name:
+                at = e.get("firstTimestamp") or e.get("eventTime") or e["metadata"]["creationTimestamp"]
+                out[e["reason"]] = min(out.get(e["reason"], at), at)
+        return out
 
     def stop(self) -> None:
         for _, proc in self.replays.values():
@@ -285,3 +297,64 @@ def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_recommends_a_wider_instance
         assert len(drained) == 2 and all("finished its requests" in e for e in drained), said
         assert sum(e.startswith("WidthRolled") for e in said) >= 1, said
         assert len(router.lost) == 2 and sum(router.lost.values()) == 0, router.lost
+
+
+def test_a_width_change_with_room_serves_at_the_new_width_before_the_narrow_instance_drains(
+    api: httpx.Client, deployed: str, moe_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """One two-node decode instance, room for two: nodesPerReplica 2 -> 4 creates a four-node
+    instance first, lists it once ready, and only then takes the two-node one off the router; that
+    one finishes what it runs before its group rolls onto four nodes. The router never lists fewer
+    instances than before, and no request an engine ran is lost."""
+    obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-pd-h100.yaml").read_text())
+    name = obj["metadata"]["name"]
+    spec = obj["spec"]
+    spec["monitoring"] = {"podMonitor": False, "prometheusRule": False}
+    spec["decode"].update(nodesPerReplica=2, replicas=1)
+    spec["decode"]["autoscaling"] = {
+        "mode": "Operator", "minReplicas": 1, "maxReplicas": 2,
+        "slo": {"itl": f"{int(SLO_ITL * 1000)}ms", "percentile": 90},
+        "bootTime": "30s", "scaleOutCooldown": "10s", "scaleInCooldown": "10m", "scaleInWindow": "10m",
+    }  # fmt: skip
+    checked = MoEDeploymentSpec.model_validate(spec)
+    narrow, wide = kv_tokens_at_width(checked, "decode", 2), kv_tokens_at_width(checked, "decode", 4)
+    assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
+    engine = {
+        "model": "deepseek-v3", "gpus": 16, "gpus_per_node": 8, "redundant": 32, "role": "decode",
+        "flags": {"kv-tokens": narrow},
+    }  # fmt: skip
+    router = Router(api, deployed, name, "decode", tmp_path, engine, rate=3.0)
+    with playing(router, moe_operator):
+        wait_for(lambda: router.play().get("reason") in ("steady", "cooldown") and router.play().get("latency"),
+                 120, interval=1, what="the autoscaler measuring one steady instance")  # fmt: skip
+        assert router.status()["instances"] == 1 and "ScalingOut" not in router.first_seen()
+        merge = {"Content-Type": "application/merge-patch+json"}
+        r = api.patch(
+            moed_path(deployed, name), json={"spec": {"decode": {"nodesPerReplica": 4}}}, headers=merge
+        )
+        assert r.status_code == 200, r.text
+        router.replay.update(gpus=32, flags={"kv-tokens": wide})
+        router.timeline.append(f"t={time.monotonic() - router.start:5.1f}s --- nodesPerReplica 2 -> 4 ---")
+        fewest = [1]
+
+        def both_wide() -> bool:
+            st = router.play()
+            listed = [i for i in range(int(st.get("serving") or 1)) if i != st.get("rollingInstance")]
+            fewest.append(len(listed))
+            try:
+                states = [router.replay_state(i) for i in sorted(router.replays)]
+            except httpx.HTTPError:  # an engine just started
+                return False
+            wide_now = len(states) == 2 and all(s["kv_tokens"] == wide for s in states)
+            return wide_now and st.get("serving") == 2 and st.get("rollingInstance") is None
+
+        wait_for(both_wide, 360, interval=1, what="a four-node instance first, then the two-node one rolled")
+        said, seen = router.events(), router.first_seen()
+        steps = ("ScalingOut", "ScaledOut", "WidthDraining", "WidthDrained", "RollingOut", "WidthRolled")
+        assert all(step in seen for step in steps), said
+        times = [seen[step][:19] for step in steps]  # the wide instance serves before the narrow one drains
+        assert times == sorted(times), list(zip(steps, times, strict=True))
+        assert any("at the new width before" in e for e in said), said
+        assert any(e.startswith("WidthDrained") and "finished its requests" in e for e in said), said
+        assert min(fewest) >= 1 and sum("rolling from 2 to 4 nodes" in e for e in said) == 1, said
+        assert router.lost == {f"{name}-decode-0": 0}, router.lost  # nothing running or queued when it went

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,14 +13,16 @@ import yaml
 from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.autoscale import codec
-from moe_operator.autoscale.decide import PoolObservation, PoolState, decide_pool
-from moe_operator.autoscale.effective import effective_spec, width_rolls
+from moe_operator.autoscale.decide import PoolDecision, PoolObservation, PoolState, decide_pool
+from moe_operator.autoscale.effective import effective_spec, pool_scales
 from moe_operator.autoscale.model import Fit
 from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
 from moe_operator.autoscale.scale import Scale, Step
 from moe_operator.autoscale.signals import Histogram, InstanceSample
-from moe_operator.handlers.autoscale_loop import at_width
+from moe_operator.handlers.autoscale_loop import at_width, surge_room, width_view
+from moe_operator.handlers.reconcile import width_gate
+from moe_operator.reconcile.groups import WidthGate
 from moe_operator.render.group import Owner
 from moe_operator.render.network import operator_ports
 from moe_operator.render.shared import router_objects
@@ -116,7 +119,8 @@ def test_a_width_roll_leaves_its_instance_off_the_router_and_out_of_the_pool_obs
     since = "2027-01-15T08:00:00Z"
     status = {"autoscaling": {"decode": {"instances": 3, "serving": 3, "rollingInstance": 1,
                                          "rollingReleased": True, "rollingSince": since}}}  # fmt: skip
-    assert width_rolls(spec, status, NOW) == {"decode": (3, 1, True)}
+    (scale,) = pool_scales(spec, status, NOW).values()
+    assert (scale.serving, scale.rolling, scale.released) == (3, 1, True)
     effective, serving = effective_spec(spec, status, NOW)
     objects = router_objects(effective, Owner("q", "ns", "uid"), serving, {"decode": 1})
     router = next(o for o in objects if o["kind"] == "Deployment")
@@ -214,3 +218,60 @@ def test_width_options_carry_the_kv_room_the_capacity_model_gives() -> None:
     assert d.width is not None and d.width.nodes == 18 and "18 node(s)" in d.message
     assert codec.write_pool(Scale(2, 2), Step(Scale(2, 2), ""), d, obs)["recommendedNodesPerReplica"] == 18
     assert pool_policy(MoEDeploymentSpec.model_validate(_spec(decode=AUTO)), "decode").widths == ()
+
+
+def test_a_width_change_reads_each_instance_width_from_its_group_not_from_its_pods() -> None:
+    """An instance missing a rank pod is neither up nor taken for a width change: the width its
+    group runs is the one recorded on its object (held back until its turn)."""
+    spec = MoEDeploymentSpec.model_validate(
+        _spec("deepseek-v3-pd-h100.yaml", decode={**AUTO, "slo": {"itl": "50ms"}})
+    )
+
+    def pods(instance: int, n: int, ready: bool = True) -> list[dict[str, object]]:
+        return [{"pool": "decode", "instance": instance, "ready": ready, "deleting": False} for _ in range(n)]
+
+    running = pods(0, 4) + pods(1, 3) + pods(2, 9) + pods(3, 8) + pods(3, 1, ready=False)
+    widths = {("decode", 0): 4, ("decode", 1): 4, ("decode", 2): 9}
+    old, up = width_view(spec, running, "decode", widths)  # type: ignore[arg-type]
+    assert (old, up) == ({0, 1}, {0, 2})
+    # no width change: a rank missing is not one (the instance is simply not up)
+    assert width_view(spec, pods(0, 8), "decode", {("decode", 0): 9}) == (set(), set())  # type: ignore[arg-type]
+
+
+def test_the_extra_instance_of_a_width_change_stays_inside_the_gpu_budget() -> None:
+    """Both pools in one tick, growth this tick, and a narrowing counted at the width that runs."""
+    raw = _spec(
+        "deepseek-v3-pd-h100.yaml",
+        prefill={**AUTO, "slo": {"ttft": "1s"}},
+        decode={**AUTO, "slo": {"itl": "50ms"}},
+    )
+    spec = MoEDeploymentSpec.model_validate({**raw, "gpuBudget": 250})  # 32 + 2 x 72 = 176 held
+    policies = {p: pool_policy(spec, p) for p in ("prefill", "decode")}
+    scales = {"prefill": Scale(1, 1), "decode": Scale(2, 2)}
+
+    def steady(n: int) -> PoolDecision:
+        return PoolDecision(n, n, "steady", "m", n, PoolState(instances=n, fits={}))
+
+    decisions = {"prefill": steady(1), "decode": steady(2)}
+    room = partial(surge_room, spec, policies, scales)  # type: ignore[arg-type]
+    assert room(decisions, {}, "prefill", 0) and room(decisions, {}, "decode", 0)  # each alone fits
+    assert not room(decisions, {}, "decode", 32)  # not after the prefill pool's extra instance
+    assert not room({**decisions, "prefill": steady(3)}, {}, "decode", 0)  # nor beside its growth
+    # decode 9 -> 4 nodes: the instances still run 72 GPUs each, not 32
+    narrower = MoEDeploymentSpec.model_validate(
+        {**raw, "gpuBudget": 200, "decode": {**raw["decode"], "nodesPerReplica": 4}}
+    )
+    nps = {p: pool_policy(narrower, p) for p in ("prefill", "decode")}
+    held_at_nine = {("decode", 0): 9, ("decode", 1): 9}
+    assert not surge_room(narrower, nps, scales, decisions, held_at_nine, "decode", 0)  # type: ignore[arg-type]
+    assert surge_room(narrower, nps, scales, decisions, {}, "decode", 0)  # type: ignore[arg-type]
+    full = {"prefill": Scale(1, 1), "decode": Scale(4, 4)}
+    assert not surge_room(
+        spec.model_copy(update={"gpu_budget": None}), policies, full, decisions, {}, "decode", 0
+    )  # type: ignore[arg-type]
+
+
+def test_width_gate_holds_the_listed_and_the_draining_and_lets_the_released_roll() -> None:
+    assert width_gate(Scale(3, 2, draining=True)) == WidthGate(3, None)
+    assert width_gate(Scale(3, 3, rolling=1, rolling_since=NOW)) == WidthGate(3, None)
+    assert width_gate(Scale(3, 3, rolling=1, released=True, rolling_since=NOW)) == WidthGate(3, 1)

@@ -62,14 +62,3 @@ def effective_spec(
         name: pools(spec)[name].model_copy(update={"replicas": s.instances}) for name, s in scales.items()
     }
     return spec.model_copy(update=update), {name: s.serving for name, s in scales.items()}
-
-
-def width_rolls(
-    spec: MoEDeploymentSpec, status: Mapping[str, Any], now: float, existing: Mapping[str, int] | None = None
-) -> dict[str, tuple[int, int | None, bool]]:
-    """Per scaled pool: (instances listed, the width change's instance off the list or None, whether
-    it is released to roll). The reconciler rolls a listed instance to a new width only when released."""
-    return {
-        name: (s.serving, s.rolling, s.released)
-        for name, s in pool_scales(spec, status, now, existing).items()
-    }

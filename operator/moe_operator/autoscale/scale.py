@@ -61,7 +61,7 @@ def advance(
     boot_s: float,
     drain_timeout_s: float,
     router_settled: bool = True,
-    narrow: Collection[int] = (),
+    old_width: Collection[int] = (),
     room: bool = False,
     up: Collection[int] | None = None,
 ) -> Step:
@@ -69,7 +69,7 @@ def advance(
     cancelled only when the load needs the instance back; None: no data, nothing is cancelled);
     ``ready`` and ``idle`` are instance indexes as observed; ``router_settled``: the router runs
     the current worker list everywhere (a drained instance may go only then, or at the timeout);
-    ``narrow``: instances still at the old width; ``room``: one more instance fits the pool's
+    ``old_width``: instances whose group still runs another width than the spec's; ``room``: one more instance fits the pool's
     bounds and the budget (a width change then creates one at the new width first); ``up``: the
     instances whose ranks are all ready at either width (default ``ready``, which counts only the
     new width's)."""
@@ -77,16 +77,16 @@ def advance(
         want = min(want, s.instances)
     if s.draining:
         return _drain(s, need, idle, now, drain_timeout_s, router_settled)
-    if s.rolling is not None or any(i < s.serving for i in narrow):
+    if s.rolling is not None or any(i < s.serving for i in old_width):
         want = max(want, s.instances)  # a width change keeps what it created until every instance is wide
     if s.instances > s.serving:
         return _grow(s, want, ready, now, boot_s)
     if s.rolling is not None and want == s.instances:  # growth for load goes first
-        return _roll(s, narrow, ready, idle, now, drain_timeout_s, router_settled)
-    listed_narrow = sorted(i for i in narrow if i < s.serving)
-    if listed_narrow and want == s.instances:
+        return _roll(s, old_width, ready, idle, now, drain_timeout_s, router_settled)
+    listed_old = sorted(i for i in old_width if i < s.serving)
+    if listed_old and want == s.instances:
         blocked = s.blocked_until is not None and now < s.blocked_until
-        return _widen(s, listed_narrow, ready if up is None else up, now, room and not blocked)
+        return _widen(s, listed_old, ready if up is None else up, now, room and not blocked)
     if want > s.instances:
         grown = replace(s, instances=want, pending_since=now, last_change=now)
         return Step(
@@ -156,10 +156,10 @@ def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float
     return Step(s, "booting")
 
 
-def _widen(s: Scale, narrow: list[int], up: Collection[int], now: float, room: bool) -> Step:
+def _widen(s: Scale, old: list[int], up: Collection[int], now: float, room: bool) -> Step:
     """The next step of a width change: an instance at the new width first (when none serves yet
-    and there is room), then the first narrow instance off the list once every listed one is up."""
-    if room and len(narrow) == s.serving:
+    and there is room), then the first instance at the old width off the list once every listed one is up."""
+    if room and len(old) == s.serving:
         grown = replace(s, instances=s.instances + 1, pending_since=now, last_change=now)
         return Step(
             grown,
@@ -170,7 +170,7 @@ def _widen(s: Scale, narrow: list[int], up: Collection[int], now: float, room: b
         )
     if any(i not in up for i in range(s.serving)):
         return Step(s, "width_waiting")  # a roll takes one instance at a time, the others serving
-    i = narrow[0]
+    i = old[0]
     if s.serving == 1:  # the router keeps its only instance (an empty list serves nothing either)
         alone = replace(s, rolling=i, released=True, rolling_since=now, last_change=now)
         return Step(
@@ -190,14 +190,14 @@ def _widen(s: Scale, narrow: list[int], up: Collection[int], now: float, room: b
 
 
 def _roll(
-    s: Scale, narrow: Collection[int], ready: Collection[int], idle: Collection[int], now: float,
+    s: Scale, old_width: Collection[int], ready: Collection[int], idle: Collection[int], now: float,
     timeout_s: float, router_settled: bool,
 ) -> Step:  # fmt: skip
     """Instance ``rolling``: drained (idle after the router dropped it, or the timeout), then released
     to the reconciler, then listed again once it is ready at the new width."""
     i = s.rolling
     waited = now - (s.rolling_since if s.rolling_since is not None else now)
-    if i is None or i >= s.serving or (i not in narrow and i in ready):
+    if i is None or i >= s.serving or (i not in old_width and i in ready):
         back = replace(s, rolling=None, released=False, rolling_since=None, last_change=now)
         return Step(back, "width_rolled", "WidthRolled", f"instance {i} back on the router at the new width")
     if s.released:

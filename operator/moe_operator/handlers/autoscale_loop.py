@@ -30,7 +30,7 @@ from moe_operator.autoscale.prior import resume
 from moe_operator.autoscale.scale import Scale, Step, advance
 from moe_operator.control.client import RuntimeAnswerError, RuntimeClient
 from moe_operator.handlers.state import DeploymentState, OperatorState, operator_of
-from moe_operator.reconcile.observe import trusted_pods
+from moe_operator.reconcile.observe import previous_sites, trusted_pods
 from moe_operator.render.shared import router_listing
 
 TICK_S = float(os.environ.get("MOE_AUTOSCALE_INTERVAL_S", "30"))
@@ -39,11 +39,30 @@ SCRAPE_WORKERS = 16
 Samples = dict[str, dict[int, signals.InstanceSample]]
 
 
+Widths = dict[tuple[str, int], int]  # (pool, instance) -> nodes its group object runs on
+
+
+def _groups(body: kopf.Body, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    key = (str(body.metadata.namespace or ""), str(body.metadata.name))
+    return [*kwargs["statefulset_index"].get(key, []), *kwargs["leaderworkerset_index"].get(key, [])]
+
+
 def leaders(body: kopf.Body, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     """The deployment's trusted engine pods."""
     key = (str(body.metadata.namespace or ""), str(body.metadata.name))
-    groups = [*kwargs["statefulset_index"].get(key, []), *kwargs["leaderworkerset_index"].get(key, [])]
-    return trusted_pods(kwargs["engine_pod_index"].get(key, []), groups, str(body.metadata.name))
+    return trusted_pods(
+        kwargs["engine_pod_index"].get(key, []), _groups(body, kwargs), str(body.metadata.name)
+    )
+
+
+def running_widths(body: kopf.Body, kwargs: dict[str, Any]) -> Widths:
+    """The width each instance's group runs (the site recorded on its object, which a width change
+    holds back until the instance's turn); empty when an annotation does not parse."""
+    try:
+        sites = previous_sites(_groups(body, kwargs), str(body.metadata.name))
+    except (ValueError, KeyError, TypeError, IndexError):
+        return {}
+    return {(s.pool, s.index): len(s.nodes) for s in sites}
 
 
 def _ranks(pods: list[dict[str, Any]], pool: Pool) -> dict[int, list[bool]]:
@@ -67,23 +86,36 @@ def at_width(spec: MoEDeploymentSpec, pods: list[dict[str, Any]], pool: Pool) ->
     return frozenset(i for i, r in _ranks(pods, pool).items() if len(r) == want)
 
 
-def up_instances(pods: list[dict[str, Any]], pool: Pool) -> frozenset[int]:
-    """Instances of ``pool`` whose every rank is ready, at whatever width they run."""
-    return frozenset(i for i, r in _ranks(pods, pool).items() if r and all(r))
+def width_view(
+    spec: MoEDeploymentSpec, pods: list[dict[str, Any]], pool: Pool, widths: Widths
+) -> tuple[frozenset[int], frozenset[int]]:
+    """(old, up): instances whose group runs another width than the spec's, and instances with every
+    rank of the width their group runs present and ready (a missing rank is not up, whatever its width)."""
+    want = pools(spec)[pool].nodes_per_replica
+    runs = {i: w for (p, i), w in widths.items() if p == pool}
+    old = frozenset(i for i, w in runs.items() if w != want)
+    up = frozenset(i for i, r in _ranks(pods, pool).items() if len(r) == runs.get(i, want) and all(r))
+    return old, up
 
 
 def surge_room(
-    spec: MoEDeploymentSpec, policies: dict[Pool, PoolPolicy], scales: dict[Pool, Scale], pool: Pool
-) -> bool:
-    """One more instance of ``pool`` fits its maxReplicas and the GPU budget (all pools at their
-    current widths' GPUs, the fixed ones at their spec size)."""
+    spec: MoEDeploymentSpec, policies: dict[Pool, PoolPolicy], scales: dict[Pool, Scale],
+    decisions: dict[Pool, PoolDecision], widths: Widths, pool: Pool, committed: int,
+) -> bool:  # fmt: skip
+    """One more instance of ``pool`` at its new width fits maxReplicas and the GPU budget: each
+    instance counted at the width its group runs, every pool's growth this tick, and ``committed``
+    (GPUs of extra instances this tick already made); the fixed pools at their spec size."""
     if scales[pool].instances >= policies[pool].max_instances:
         return False
     if spec.gpu_budget is None:
         return True
-    fixed = sum(p.replicas * world_size(p, spec.topology) for n, p in pools(spec).items() if n not in scales)
-    used = fixed + sum(s.instances * policies[n].width.gpus for n, s in scales.items())
-    return used + policies[pool].width.gpus <= spec.gpu_budget
+    held = sum(p.replicas * world_size(p, spec.topology) for n, p in pools(spec).items() if n not in scales)
+    for n, s in scales.items():
+        width = policies[n].width
+        per_node = width.gpus // max(1, width.nodes)
+        held += sum(per_node * widths.get((n, i), width.nodes) for i in range(s.instances))
+        held += max(0, decisions[n].instances - s.instances) * width.gpus
+    return held + committed + policies[pool].width.gpus <= spec.gpu_budget
 
 
 def scrape(
@@ -182,17 +214,38 @@ def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int, off:
 
 def act(
     spec: MoEDeploymentSpec, pool: Pool, policy: PoolPolicy, scale: Scale, decision: PoolDecision,
-    pods: list[dict[str, Any]], samples: Samples, router: dict[str, Any] | None, now: float, room: bool,
+    pods: list[dict[str, Any]], samples: Samples, router: dict[str, Any] | None, now: float,
+    widths: Widths, room: bool,
 ) -> Step:  # fmt: skip
     ready = ready_instances(spec, pods, pool)
     need = None if decision.reason == "no_data" else decision.need  # no data cancels nothing
     settled = router_settled(router, pool, scale.serving, scale.rolling)
     quiet = idle(samples.get(pool, {}))
-    narrow = frozenset(_ranks(pods, pool)) - at_width(spec, pods, pool)
+    old, up = width_view(spec, pods, pool, widths)
     return advance(
         scale, decision.instances, need, ready, quiet, now, policy.boot_s, policy.drain_timeout_s, settled,
-        narrow, room, up_instances(pods, pool),
+        old, room, up,
     )  # fmt: skip
+
+
+def report(
+    op: OperatorState, body: kopf.Body, logger: kopf.Logger, pool: Pool, step: Step, decision: PoolDecision,
+    written: dict[str, Any], widened_before: Any,
+) -> None:  # fmt: skip
+    """One pool's tick in metrics, events and the log."""
+    namespace, name = str(body.metadata.namespace or ""), str(body.metadata.name)
+    op.metrics.counter(
+        "moe_operator_autoscale_decisions_total", namespace, name, pool, written["reason"]
+    ).inc()
+    for kind, value in (("target", step.scale.instances), ("serving", step.scale.serving)):
+        op.metrics.gauge("moe_operator_autoscale_instances", namespace, name, pool, kind).set(value)
+    if step.event:
+        kopf.event(body, type="Normal", reason=Reason(step.event).value, message=f"{pool}: {step.message}")
+        logger.info(f"{name}/{pool}: {step.message}")
+    widen = written.get("recommendedNodesPerReplica")
+    if widen and widen != widened_before:
+        message = f"{pool}: {decision.message}"
+        kopf.event(body, type="Normal", reason=Reason.WIDER_INSTANCE_RECOMMENDED.value, message=message)
 
 
 @kopf.timer(GROUP, PLURAL, interval=TICK_S, initial_delay=TICK_S)
@@ -218,26 +271,19 @@ def autoscale_timer(
     key = (namespace, name)
     router = next((d for d in kwargs["deployment_index"].get(key, []) if d["name"] == f"{name}-router"), None)
     updates: dict[str, Any] = {p: None for p in status.get("autoscaling") or {} if p not in scales}
-    for pool, (decision, obs) in decide_all(spec, policies, status, samples, scales, now, pods).items():
-        room = surge_room(spec, policies, scales, pool)
-        step = act(spec, pool, policies[pool], scales[pool], decision, pods, samples, router, now, room)
+    decided = decide_all(spec, policies, status, samples, scales, now, pods)
+    decisions = {p: d for p, (d, _) in decided.items()}
+    widths, committed = running_widths(body, kwargs), 0
+    for pool, (decision, obs) in decided.items():
+        room = surge_room(spec, policies, scales, decisions, widths, pool, committed)
+        step = act(
+            spec, pool, policies[pool], scales[pool], decision, pods, samples, router, now, widths, room
+        )
+        extra = step.scale.instances - max(scales[pool].instances, decision.instances)
+        committed += max(0, extra) * policies[pool].width.gpus  # a width change's extra instance
         updates[pool] = codec.write_pool(step.scale, step, decision, obs)
-        op.metrics.counter(
-            "moe_operator_autoscale_decisions_total", namespace, name, pool, updates[pool]["reason"]
-        ).inc()
-        for kind, value in (("target", step.scale.instances), ("serving", step.scale.serving)):
-            op.metrics.gauge("moe_operator_autoscale_instances", namespace, name, pool, kind).set(value)
-        if step.event:
-            kopf.event(
-                body, type="Normal", reason=Reason(step.event).value, message=f"{pool}: {step.message}"
-            )
-            logger.info(f"{name}/{pool}: {step.message}")
-        widen = updates[pool].get("recommendedNodesPerReplica")
-        if widen and widen != ((status.get("autoscaling") or {}).get(pool) or {}).get(
-            "recommendedNodesPerReplica"
-        ):
-            message = f"{pool}: {decision.message}"
-            kopf.event(body, type="Normal", reason=Reason.WIDER_INSTANCE_RECOMMENDED.value, message=message)
+        before = ((status.get("autoscaling") or {}).get(pool) or {}).get("recommendedNodesPerReplica")
+        report(op, body, logger, pool, step, decision, updates[pool], before)
         if step.scale != scales[pool]:
             op.wakeups.mark(key)
     patch.status["autoscaling"] = updates

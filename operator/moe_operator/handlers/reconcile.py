@@ -26,7 +26,8 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason
 from moe_operator.api.names import GROUP, PLURAL
-from moe_operator.autoscale.effective import effective_spec, existing_instances, width_rolls
+from moe_operator.autoscale.effective import effective_spec, existing_instances, pool_scales
+from moe_operator.autoscale.scale import Scale
 from moe_operator.handlers.indexes import CHILD_INDEXES, MANAGED, served_kinds
 from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.start_probe import read_starts
@@ -124,9 +125,9 @@ def _steps(t: Target) -> None:
     existing = existing_instances(t.pods())
     spec, serving = effective_spec(checked, t.status, t.now.timestamp(), existing)
     # an autoscaled pool's width change: one instance off the router, rolled only once released
-    rolls = width_rolls(checked, t.status, t.now.timestamp(), existing)
-    off = {pool: r for pool, (_, r, _) in rolls.items() if r is not None}
-    gates = {pool: WidthGate(n, r if released else None) for pool, (n, r, released) in rolls.items()}
+    scales = pool_scales(checked, t.status, t.now.timestamp(), existing)
+    off = {str(pool): s.rolling for pool, s in scales.items() if s.rolling is not None}
+    gates = {str(pool): width_gate(s) for pool, s in scales.items()}
     backend = choose_backend(t, spec)
     if backend is None:
         return
@@ -163,6 +164,13 @@ def _steps(t: Target) -> None:
         actions.restarting, router["status"] if router else None, t.now, backend,
     )  # fmt: skip
     write_status(t, desired_status, posted)
+
+
+def width_gate(scale: Scale) -> WidthGate:
+    """What an autoscaled pool's state holds back from a width roll: its listed instances and the one
+    a scale-in drains, all but the width change's instance once it finished its requests."""
+    held = scale.serving + (1 if scale.draining else 0)
+    return WidthGate(held, scale.rolling if scale.released else None)
 
 
 def check_spec(t: Target) -> MoEDeploymentSpec | None:

@@ -15,7 +15,6 @@ from moe_operator.lifecycle import (
     GroupState,
     decide,
     formed,
-    is_ready,
     pool_may_roll,
     restarts_after,
     rolls_to_new_width,
@@ -44,11 +43,12 @@ class GroupActions:
 
 @dataclass(frozen=True)
 class WidthGate:
-    """An autoscaled pool's width change (autoscale.scale): of its first ``listed`` instances, a ready
-    one rolls to the new width only when it is ``released`` (drained off the router); None: none
-    may yet. One not ready serves nothing and rolls as in any pool."""
+    """An autoscaled pool's width change (autoscale.scale): of its first ``held`` instances (those
+    listed, and one a scale-in drains), one that formed its world rolls to the new width only when
+    it is ``released`` (drained off the router); None: none may yet. One that never formed (pending)
+    serves nothing and rolls as in any pool."""
 
-    listed: int
+    held: int
     released: int | None = None
 
 
@@ -71,7 +71,7 @@ def group_actions(
             # an instance that is not ready serves nothing: rolling it costs no capacity
             may = pool_may_roll(mine, g)
             gate = (gates or {}).get(pool)
-            if gate is not None and g.index < gate.listed and is_ready(g) and rolls_to_new_width(g, now):
+            if gate is not None and g.index < gate.held and g.members and rolls_to_new_width(g, now):
                 may = g.index == gate.released  # drained first: the autoscaler saw the others up
             decision = decide(g, now, not rolled and may)
             if decision.action == "none":

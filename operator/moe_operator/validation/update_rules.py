@@ -96,7 +96,7 @@ def update_warnings(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> lis
         how = (
             "the autoscaler first creates one instance at the new width where maxReplicas and gpuBudget "
             "leave room, then takes each instance off the router and lets it finish its requests before "
-            "it restarts"
+            "it restarts (one instance alone without room restarts at once)"
             if scaled
             else "a restarting instance's requests in flight are lost (with autoscaling.mode Operator the "
             "autoscaler drains each instance first)"
