@@ -9,7 +9,10 @@ status.autoscaling lists as serving, and sends nothing to the others.
 - Long prompts at a fixed rate fill the KV cache of two-node decode instances (each replay holds
   the KV tokens the operator's memory model gives that width) while their ITL is inside the SLO
   -> the pool is KV-bound, and a four-node instance, which holds more KV per GPU, is recommended;
-  a person sets it -> the instances roll onto four nodes one at a time and the KV pressure is gone.
+  with widthChanges Apply the autoscaler runs it -> each instance leaves the router, finishes its
+  requests and rolls onto four nodes, one at a time, and the KV pressure is gone.
+- A person widens a pool with room for one more instance -> a wide instance serves before the
+  narrow one leaves the router.
 """
 
 from __future__ import annotations
@@ -215,7 +218,7 @@ def test_scale_out_on_breach_then_drain_and_scale_in(
         )  # fmt: skip
 
 
-def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_recommends_a_wider_instance(
+def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_a_wider_instance_replaces_each_narrow_one(
     api: httpx.Client, deployed: str, moe_operator: OperatorProcess, tmp_path: Path
 ) -> None:
     obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-pd-h100.yaml").read_text())
@@ -225,7 +228,7 @@ def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_recommends_a_wider_instance
     spec["decode"].update(nodesPerReplica=2, replicas=1)
     spec["decode"]["autoscaling"] = {
         "mode": "Operator", "minReplicas": 1, "maxReplicas": 2, "nodesPerReplicaOptions": [4],
-        "slo": {"itl": f"{int(SLO_ITL * 1000)}ms", "percentile": 90},
+        "widthChanges": "Apply", "slo": {"itl": f"{int(SLO_ITL * 1000)}ms", "percentile": 90},
         "bootTime": "30s", "scaleOutCooldown": "10s", "scaleInCooldown": "10m", "scaleInWindow": "10m",
     }  # fmt: skip
     checked = MoEDeploymentSpec.model_validate(spec)
@@ -245,7 +248,12 @@ def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_recommends_a_wider_instance
             lambda: router.play().get("recommendedNodesPerReplica") == 4, 180, interval=1,
             what="the pool KV-bound with a four-node instance recommended",
         )  # fmt: skip
+        # widthChanges Apply: the autoscaler runs the pool at four nodes from now (the instances are
+        # replaced one by one, each drained first); engines started from now hold four nodes' KV
+        router.replay.update(gpus=32, flags={**engine["flags"], "kv-tokens": wide})
+        router.timeline.append(f"t={time.monotonic() - router.start:5.1f}s --- four nodes chosen ---")
         st = router.status()
+        assert (st.get("nodesPerReplica"), st.get("nodesPerReplicaFrom")) == (4, 2), st
         assert st["tokenUsage"] > 0.85 and st["instances"] == 2  # maxReplicas holds it at two
         latency = st.get("latency") or {}
         assert latency.get("itl") is not None and latency["itl"] <= SLO_ITL  # compute is not what binds
@@ -256,18 +264,14 @@ def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_recommends_a_wider_instance
         assert any(s["queued"] > 0 for s in states), states  # requests wait for KV, not for a batch slot
         said = router.events()
         assert any(e.startswith("WiderInstanceRecommended") and "4 node" in e for e in said), said
+        assert any(e.startswith("WidthChosen") and "running 4 node(s) per instance instead of 2" in e
+                   for e in said), said  # fmt: skip
 
-        # A person acts on it: the instances roll onto four nodes one at a time (each keeps serving at
-        # two nodes until its turn, then leaves the router's list and finishes its requests before its
-        # group goes: maxReplicas leaves no room for a wide one first), each new engine holding the KV
-        # the memory model gives that width; the KV pressure is gone and the curve restarts at 32 GPUs
-        merge = {"Content-Type": "application/merge-patch+json"}
-        r = api.patch(
-            moed_path(deployed, name), json={"spec": {"decode": {"nodesPerReplica": 4}}}, headers=merge
-        )
-        assert r.status_code == 200, r.text
-        router.replay.update(gpus=32, flags={**engine["flags"], "kv-tokens": wide})
-        router.timeline.append(f"t={time.monotonic() - router.start:5.1f}s --- nodesPerReplica 2 -> 4 ---")
+        # The instances roll onto four nodes one at a time (each keeps serving at two nodes until its
+        # turn, then leaves the router's list and finishes its requests before its group goes:
+        # maxReplicas leaves no room for a wide one first), each new engine holding the KV the memory
+        # model gives that width; the KV pressure is gone and the curve restarts at 32 GPUs. The spec
+        # still says two nodes: what a GitOps tool applied is not rewritten
 
         def wide_everywhere() -> bool:
             router.play()
@@ -288,6 +292,8 @@ def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_recommends_a_wider_instance
         wait_for(relieved, 180, interval=1, what="the KV pressure gone at four nodes")
         router.timeline.append(f"t={time.monotonic() - router.start:5.1f}s --- relieved ---")
         assert json.loads(router.status()["model"])["gpus"] == 32
+        assert router.status().get("nodesPerReplica") == 4
+        assert api.get(moed_path(deployed, name)).json()["spec"]["decode"]["nodesPerReplica"] == 2
         said = router.events()
         assert sum("rolling from 2 to 4 nodes" in e for e in said) == 2, said
         assert not [e for e in said if "decode 0/2" in e], said  # never both down at once

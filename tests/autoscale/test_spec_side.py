@@ -14,19 +14,21 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.autoscale import codec
 from moe_operator.autoscale.decide import PoolDecision, PoolObservation, PoolState, decide_pool
-from moe_operator.autoscale.effective import effective_spec, pool_scales
+from moe_operator.autoscale.effective import applied_widths, effective_spec, pool_scales, with_widths
 from moe_operator.autoscale.model import Fit
 from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
-from moe_operator.autoscale.scale import Scale, Step
+from moe_operator.autoscale.scale import Scale, Step, width_to_apply
 from moe_operator.autoscale.signals import Histogram, InstanceSample
 from moe_operator.handlers.autoscale_loop import at_width, surge_room, width_view
 from moe_operator.handlers.reconcile import width_gate
+from moe_operator.handlers.widths import running_spec
 from moe_operator.reconcile.groups import WidthGate
 from moe_operator.render.group import Owner
 from moe_operator.render.network import operator_ports
 from moe_operator.render.shared import router_objects
 from moe_operator.validation import validate
+from moe_operator.validation.platform import DEFAULT_POLICY
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 NOW = 1_800_000_000.0
@@ -275,3 +277,46 @@ def test_width_gate_holds_the_listed_and_the_draining_and_lets_the_released_roll
     assert width_gate(Scale(3, 2, draining=True)) == WidthGate(3, None)
     assert width_gate(Scale(3, 3, rolling=1, rolling_since=NOW)) == WidthGate(3, None)
     assert width_gate(Scale(3, 3, rolling=1, released=True, rolling_since=NOW)) == WidthGate(3, 1)
+
+
+def test_the_width_the_autoscaler_applies_is_run_only_while_it_is_the_operators_choice() -> None:
+    """widthChanges Apply: status.autoscaling.<pool>.nodesPerReplica runs while the spec's width is
+    still nodesPerReplicaFrom, the width is one of nodesPerReplicaOptions, and admission takes the
+    spec at it; anything else runs the spec as written."""
+    raw = _spec("deepseek-v3-pd-h100.yaml", decode={**AUTO, "slo": {"itl": "50ms"}, "widthChanges": "Apply",
+                                                    "nodesPerReplicaOptions": [18]})  # fmt: skip
+    raw["decode"]["nodesPerReplica"] = 9
+    spec = MoEDeploymentSpec.model_validate(raw)
+
+    def status(**fields: object) -> dict[str, Any]:
+        return {"autoscaling": {"decode": {"instances": 2, "serving": 2, **fields}}}
+
+    chosen = status(nodesPerReplica=18, nodesPerReplicaFrom=9)
+    assert applied_widths(spec, chosen) == {"decode": 18}
+    assert applied_widths(spec, status(nodesPerReplica=18, nodesPerReplicaFrom=4)) == {}  # the spec moved on
+    assert applied_widths(spec, status(nodesPerReplica=12, nodesPerReplicaFrom=9)) == {}  # not an option
+    assert applied_widths(spec, status(nodesPerReplica=18.0, nodesPerReplicaFrom=9)) == {}
+    assert applied_widths(spec, status(nodesPerReplica=True, nodesPerReplicaFrom=9)) == {}
+    assert applied_widths(spec, {"autoscaling": "x"}) == {}
+    recommend = MoEDeploymentSpec.model_validate({**raw, "decode": {**raw["decode"], "autoscaling": {
+        **raw["decode"]["autoscaling"], "widthChanges": "Recommend"}}})  # fmt: skip
+    assert applied_widths(recommend, chosen) == {}
+    # run only where admission takes the spec at that width
+    ran = running_spec(spec, raw, chosen, DEFAULT_POLICY, "ns")
+    assert (
+        ran.decode is not None and ran.decode.nodes_per_replica == 18 and spec.decode.nodes_per_replica == 9
+    )  # type: ignore[union-attr]
+    assert with_widths(raw, {"decode": 18}, lambda r: ["refused"]) is None
+    assert running_spec(spec, raw, status(), DEFAULT_POLICY, "ns") is spec
+
+
+def test_a_width_is_applied_only_between_changes() -> None:
+    steady = Scale(2, 2)
+    assert width_to_apply(True, 4, 2, steady, ()) == 4
+    assert width_to_apply(False, 4, 2, steady, ()) is None  # Recommend
+    assert width_to_apply(True, None, 2, steady, ()) is None
+    assert width_to_apply(True, 2, 2, steady, ()) is None
+    assert width_to_apply(True, 4, 2, steady, (1,)) is None  # a width change still rolls
+    assert width_to_apply(True, 4, 2, Scale(3, 2), ()) is None  # a scale-out boots
+    assert width_to_apply(True, 4, 2, Scale(2, 1, draining=True), ()) is None
+    assert width_to_apply(True, 4, 2, Scale(2, 2, rolling=0, rolling_since=NOW), ()) is None

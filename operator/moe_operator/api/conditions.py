@@ -56,6 +56,7 @@ class Reason(StrEnum):
     WIDTH_DRAINING = "WidthDraining"
     WIDTH_DRAINED = "WidthDrained"
     WIDTH_ROLLED = "WidthRolled"
+    WIDTH_CHOSEN = "WidthChosen"
     WIDER_INSTANCE_RECOMMENDED = "WiderInstanceRecommended"
     # events of the reconciler
     MONITORING_SKIPPED = "MonitoringSkipped"

@@ -229,8 +229,16 @@ class PoolAutoscalingSpec(APIObject):
         description="Other instance widths (nodesPerReplica) to weigh when KV-cache room, not compute, "
         "limits the pool: a wider instance holds fewer expert weights per GPU, so more KV. The "
         "autoscaler recommends the width that holds the pool's tokens on the fewest GPUs in "
-        "status.autoscaling.<pool>.recommendedNodesPerReplica and an event; it does not change "
-        "the width itself.",
+        "status.autoscaling.<pool>.recommendedNodesPerReplica and an event; with widthChanges "
+        "Apply it also runs the pool at that width.",
+    )
+    width_changes: Literal["Recommend", "Apply"] = Field(
+        default="Recommend",
+        description="Recommend: a better width is only reported (status and an event); a person or a "
+        "pipeline sets nodesPerReplica. Apply: the autoscaler runs the pool at the width it "
+        "recommends (status.autoscaling.<pool>.nodesPerReplica), each instance replaced "
+        "make-before-break, while spec.<pool>.nodesPerReplica stays what was written (editing it "
+        "takes over again).",
     )
     burst_memory: Annotated[Duration, DurationRange("1m", "168h")] = Field(
         default="6h",

@@ -244,6 +244,20 @@ class PoolAutoscalingStatus(StatusObject):
         json_schema_extra={"format": "date-time"},
         description="No growth before this time: a scale-out was rolled back.",
     )
+    nodes_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        le=128,
+        description="The width the autoscaler runs the pool at (autoscaling.widthChanges Apply), "
+        "while spec.<pool>.nodesPerReplica is still nodesPerReplicaFrom; absent otherwise.",
+    )
+    nodes_per_replica_from: int | None = Field(
+        default=None,
+        ge=1,
+        le=128,
+        description="The spec's nodesPerReplica when the autoscaler chose nodesPerReplica: an edit of "
+        "the spec's width ends the autoscaler's choice.",
+    )
     rolling_instance: int | None = Field(
         default=None,
         ge=0,

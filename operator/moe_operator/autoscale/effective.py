@@ -8,7 +8,8 @@ the spec's size inside the bounds, never to zero.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..api.derived import Pool, pools
@@ -62,3 +63,40 @@ def effective_spec(
         name: pools(spec)[name].model_copy(update={"replicas": s.instances}) for name, s in scales.items()
     }
     return spec.model_copy(update=update), {name: s.serving for name, s in scales.items()}
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def applied_widths(spec: MoEDeploymentSpec, status: Mapping[str, Any]) -> dict[str, int]:
+    """Per scaled pool with widthChanges Apply: the width the autoscaler chose, while the spec's own
+    width is still the one it replaced. Anything else in status (a width outside
+    nodesPerReplicaOptions, one chosen over another spec width) is not the operator's choice."""
+    auto = status.get("autoscaling")
+    auto = auto if isinstance(auto, Mapping) else {}
+    out: dict[str, int] = {}
+    for name, a in scaled_pools(spec).items():
+        raw = auto.get(name)
+        if a.width_changes != "Apply" or not isinstance(raw, Mapping):
+            continue
+        width, was = raw.get("nodesPerReplica"), raw.get("nodesPerReplicaFrom")
+        written = pools(spec)[name].nodes_per_replica
+        if _count(width) and _count(was) and was == written != width and width in a.nodes_per_replica_options:
+            out[name] = width
+    return out
+
+
+def with_widths(
+    raw_spec: Mapping[str, Any],
+    widths: Mapping[str, int],
+    problems: Callable[[dict[str, Any]], Sequence[object]],
+) -> dict[str, Any] | None:
+    """The spec as written with the autoscaler's widths, when ``problems`` (admission's rules) find
+    none in it; None: run the spec as written."""
+    if not widths:
+        return None
+    out = copy.deepcopy(dict(raw_spec))
+    for pool, width in widths.items():
+        out[pool] = {**out[pool], "nodesPerReplica": width}
+    return None if problems(out) else out

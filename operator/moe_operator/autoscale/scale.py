@@ -214,3 +214,15 @@ def _roll(
             out, "width_drained", "WidthDrained", f"instance {i} {how}; it rolls to the new width now"
         )
     return Step(s, "width_draining")
+
+
+def width_to_apply(
+    apply: bool, recommended: int | None, running: int, s: Scale, old: Collection[int]
+) -> int | None:
+    """The width to run the pool at from now (autoscaling.widthChanges Apply): the recommendation,
+    only while no width change, scale-out or drain is under way; None: keep the width it runs."""
+    if not apply or recommended is None or recommended == running:
+        return None
+    if s.rolling is not None or s.draining or s.instances != s.serving or old:
+        return None
+    return recommended

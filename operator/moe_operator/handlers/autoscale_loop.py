@@ -23,15 +23,17 @@ from moe_operator.api.derived import Pool, pools, world_size
 from moe_operator.api.names import GROUP, PLURAL
 from moe_operator.autoscale import codec, signals
 from moe_operator.autoscale.decide import PoolDecision, PoolPolicy, decide_pool, within_budget
-from moe_operator.autoscale.effective import existing_instances, pool_scales
+from moe_operator.autoscale.effective import applied_widths, existing_instances, pool_scales, with_widths
 from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
 from moe_operator.autoscale.prior import resume
-from moe_operator.autoscale.scale import Scale, Step, advance
+from moe_operator.autoscale.scale import Scale, Step, advance, width_to_apply
 from moe_operator.control.client import RuntimeAnswerError, RuntimeClient
 from moe_operator.handlers.state import DeploymentState, OperatorState, operator_of
+from moe_operator.handlers.widths import running_spec
 from moe_operator.reconcile.observe import previous_sites, trusted_pods
 from moe_operator.render.shared import router_listing
+from moe_operator.validation import validate
 
 TICK_S = float(os.environ.get("MOE_AUTOSCALE_INTERVAL_S", "30"))
 SCRAPE_TIMEOUT_S = 2.0  # per read (a slow peer is cut at 4x this): a tick of 256 leaders stays bounded
@@ -248,22 +250,49 @@ def report(
         kopf.event(body, type="Normal", reason=Reason.WIDER_INSTANCE_RECOMMENDED.value, message=message)
 
 
+def choose_width(
+    body: kopf.Body, written: MoEDeploymentSpec, spec: MoEDeploymentSpec, status: dict[str, Any],
+    op: OperatorState, pool: Pool, decision: PoolDecision, scale: Scale, old: frozenset[int],
+) -> dict[str, Any]:  # fmt: skip
+    """Status fields for the width the pool runs at (autoscaling.widthChanges Apply): a new choice,
+    with an event, when admission takes the spec at it; none once the pool runs the written width."""
+    auto, mine = pools(written)[pool].autoscaling, pools(written)[pool].nodes_per_replica
+    running = pools(spec)[pool].nodes_per_replica
+    recommended = decision.width.nodes if decision.width is not None else None
+    apply = auto is not None and auto.width_changes == "Apply"
+    width = width_to_apply(apply, recommended, running, scale, old)
+    if width is not None:
+        chosen = {**applied_widths(written, status), pool: width}
+        as_written = {str(n): q.nodes_per_replica for n, q in pools(written).items()}
+        chosen = {p: w for p, w in chosen.items() if w != as_written[p]}
+        checks = lambda r: validate(r, None, op.platform, str(body.metadata.namespace or ""))  # noqa: E731
+        if not chosen or with_widths(dict(body.spec), chosen, checks) is not None:
+            message = f"{pool}: running {width} node(s) per instance instead of {running}; {decision.message}"
+            kopf.event(body, type="Normal", reason=Reason.WIDTH_CHOSEN.value, message=message)
+            back = width == mine  # the written width again: no choice left to keep
+            return {"nodesPerReplica": None if back else width, "nodesPerReplicaFrom": None if back else mine}
+    if running == mine:  # no choice runs (none, or one the spec's edit ended): none stays in status
+        return {"nodesPerReplica": None, "nodesPerReplicaFrom": None}
+    return {}
+
+
 @kopf.timer(GROUP, PLURAL, interval=TICK_S, initial_delay=TICK_S)
 def autoscale_timer(
     body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, memo: Any, **kwargs: Any
 ) -> None:
     """Scrape -> decide -> budget -> advance -> status and events, for the pools the operator scales."""
     try:
-        spec = MoEDeploymentSpec.model_validate(dict(body.spec))
+        written = MoEDeploymentSpec.model_validate(dict(body.spec))
     except ValueError:
         return  # the reconciler reports invalid specs
     status = dict(body.get("status") or {})
-    if not scaled_pools(spec):
+    if not scaled_pools(written):
         if status.get("autoscaling"):
             patch.status["autoscaling"] = None
         return
     op = operator_of(memo)
     namespace, name, now = str(body.metadata.namespace or ""), str(body.metadata.name), time.time()
+    spec = running_spec(written, dict(body.spec), status, op.platform, namespace)  # at the widths it chose
     pods = leaders(body, kwargs)
     samples = scrape(op, op.deployment(str(body.metadata.uid)), pods, spec.engine.port, namespace, name)
     scales = pool_scales(spec, status, now, existing_instances(pods))
@@ -284,6 +313,8 @@ def autoscale_timer(
         updates[pool] = codec.write_pool(step.scale, step, decision, obs)
         before = ((status.get("autoscaling") or {}).get(pool) or {}).get("recommendedNodesPerReplica")
         report(op, body, logger, pool, step, decision, updates[pool], before)
+        old, _ = width_view(spec, pods, pool, widths)
+        updates[pool].update(choose_width(body, written, spec, status, op, pool, decision, step.scale, old))
         if step.scale != scales[pool]:
             op.wakeups.mark(key)
     patch.status["autoscaling"] = updates

@@ -59,6 +59,7 @@ from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.runtime_planning import gather_proposals, planned_here
 from moe_operator.handlers.runtime_tokens import leader_tokens
 from moe_operator.handlers.state import InstanceMemo, OperatorState, PoolState, operator_of
+from moe_operator.handlers.widths import running_spec
 from moe_operator.reconcile.observe import trusted_pods
 from moe_operator.render.group import Owner, placement_config_name
 from moe_placement import document
@@ -600,6 +601,7 @@ def control_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, memo:
         return  # the reconciler reports invalid specs
     op = operator_of(memo)
     namespace, name = str(body.metadata.namespace or ""), str(body.metadata.name)
+    spec = running_spec(spec, dict(body.spec), dict(body.get("status") or {}), op.platform, namespace)
     key = (namespace, name)
     groups = [*kwargs["statefulset_index"].get(key, []), *kwargs["leaderworkerset_index"].get(key, [])]
     pods = trusted_pods(kwargs["engine_pod_index"].get(key, []), groups, name)

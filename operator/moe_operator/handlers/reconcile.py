@@ -33,6 +33,7 @@ from moe_operator.handlers.kube import KubeError
 from moe_operator.handlers.start_probe import read_starts
 from moe_operator.handlers.state import DeploymentState, OperatorState, operator_of
 from moe_operator.handlers.status_metrics import export_status
+from moe_operator.handlers.widths import running_spec
 from moe_operator.hardware import lookup_profile
 from moe_operator.lifecycle import GroupState
 from moe_operator.reconcile.backend import (
@@ -121,6 +122,8 @@ def _steps(t: Target) -> None:
     checked = check_spec(t)
     if checked is None:
         return
+    # the widths the autoscaler runs its pools at (widthChanges Apply), when admission takes them
+    checked = running_spec(checked, dict(t.body.spec), t.status, t.op.platform, t.owner.namespace)
     # the autoscaler's sizes where it scales; a lowered maxReplicas drains what exists
     existing = existing_instances(t.pods())
     spec, serving = effective_spec(checked, t.status, t.now.timestamp(), existing)
