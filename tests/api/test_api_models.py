@@ -130,3 +130,7 @@ def test_a_width_change_admits_with_a_warning_that_says_what_it_costs() -> None:
     }
     drained = [w for w in warnings(scaled, BASE_SPEC) if "nodesPerReplica" in w]
     assert drained and "finish its requests before it restarts" in drained[0]
+    applying = copy.deepcopy(scaled)
+    applying["decode"]["autoscaling"]["widthChanges"] = "Apply"
+    assert any("no longer Apply" in w for w in warnings(scaled, applying))
+    assert not any("no longer Apply" in w for w in warnings(applying, applying))

@@ -310,13 +310,16 @@ def test_the_width_the_autoscaler_applies_is_run_only_while_it_is_the_operators_
     assert running_spec(spec, raw, status(), DEFAULT_POLICY, "ns") is spec
 
 
-def test_a_width_is_applied_only_between_changes() -> None:
+def test_a_width_is_applied_only_wider_between_changes_with_one_instance_left_serving() -> None:
     steady = Scale(2, 2)
-    assert width_to_apply(True, 4, 2, steady, ()) == 4
-    assert width_to_apply(False, 4, 2, steady, ()) is None  # Recommend
-    assert width_to_apply(True, None, 2, steady, ()) is None
-    assert width_to_apply(True, 2, 2, steady, ()) is None
-    assert width_to_apply(True, 4, 2, steady, (1,)) is None  # a width change still rolls
-    assert width_to_apply(True, 4, 2, Scale(3, 2), ()) is None  # a scale-out boots
-    assert width_to_apply(True, 4, 2, Scale(2, 1, draining=True), ()) is None
-    assert width_to_apply(True, 4, 2, Scale(2, 2, rolling=0, rolling_since=NOW), ()) is None
+    assert width_to_apply(True, 4, 2, steady, (), True) == 4
+    assert width_to_apply(False, 4, 2, steady, (), True) is None  # Recommend
+    assert width_to_apply(True, None, 2, steady, (), True) is None
+    assert width_to_apply(True, 2, 2, steady, (), True) is None
+    assert width_to_apply(True, 1, 2, steady, (), True) is None  # narrower: only recommended
+    assert width_to_apply(True, 4, 2, steady, (), False) is None  # the pool at 4 past the GPU budget
+    assert width_to_apply(True, 4, 2, Scale(1, 1), (), True) is None  # its only instance would go
+    assert width_to_apply(True, 4, 2, steady, (1,), True) is None  # a width change still rolls
+    assert width_to_apply(True, 4, 2, Scale(3, 2), (), True) is None  # a scale-out boots
+    assert width_to_apply(True, 4, 2, Scale(3, 2, draining=True), (), True) is None
+    assert width_to_apply(True, 4, 2, Scale(2, 2, rolling=0, rolling_since=NOW), (), True) is None

@@ -217,12 +217,14 @@ def _roll(
 
 
 def width_to_apply(
-    apply: bool, recommended: int | None, running: int, s: Scale, old: Collection[int]
+    apply: bool, recommended: int | None, running: int, s: Scale, old: Collection[int], fits: bool
 ) -> int | None:
-    """The width to run the pool at from now (autoscaling.widthChanges Apply): the recommendation,
-    only while no width change, scale-out or drain is under way; None: keep the width it runs."""
-    if not apply or recommended is None or recommended == running:
+    """The width to run the pool at from now (autoscaling.widthChanges Apply): a wider recommendation,
+    only while no width change, scale-out or drain is under way, with two instances or more listed
+    (one keeps serving while the other drains and rolls) and ``fits`` (the pool's instances at that
+    width inside the GPU budget); None: keep the width it runs (a narrower one is only recommended)."""
+    if not apply or recommended is None or recommended <= running or not fits:
         return None
-    if s.rolling is not None or s.draining or s.instances != s.serving or old:
+    if s.rolling is not None or s.draining or s.instances != s.serving or s.serving < 2 or old:
         return None
     return recommended

@@ -111,13 +111,25 @@ def surge_room(
         return False
     if spec.gpu_budget is None:
         return True
+    held = held_gpus(spec, policies, scales, decisions, widths)
+    return held + committed + policies[pool].width.gpus <= spec.gpu_budget
+
+
+def held_gpus(
+    spec: MoEDeploymentSpec, policies: dict[Pool, PoolPolicy], scales: dict[Pool, Scale],
+    decisions: dict[Pool, PoolDecision], widths: Widths, leave_out: Pool | None = None,
+) -> int:  # fmt: skip
+    """GPUs the deployment holds or grows to this tick: each instance at the width its group runs,
+    every pool's growth, the fixed pools at their spec size (``leave_out``: a pool not counted)."""
     held = sum(p.replicas * world_size(p, spec.topology) for n, p in pools(spec).items() if n not in scales)
     for n, s in scales.items():
+        if n == leave_out:
+            continue
         width = policies[n].width
         per_node = width.gpus // max(1, width.nodes)
         held += sum(per_node * widths.get((n, i), width.nodes) for i in range(s.instances))
         held += max(0, decisions[n].instances - s.instances) * width.gpus
-    return held + committed + policies[pool].width.gpus <= spec.gpu_budget
+    return held
 
 
 def scrape(
@@ -252,7 +264,7 @@ def report(
 
 def choose_width(
     body: kopf.Body, written: MoEDeploymentSpec, spec: MoEDeploymentSpec, status: dict[str, Any],
-    op: OperatorState, pool: Pool, decision: PoolDecision, scale: Scale, old: frozenset[int],
+    op: OperatorState, pool: Pool, decision: PoolDecision, scale: Scale, old: frozenset[int], others: int,
 ) -> dict[str, Any]:  # fmt: skip
     """Status fields for the width the pool runs at (autoscaling.widthChanges Apply): a new choice,
     with an event, when admission takes the spec at it; none once the pool runs the written width."""
@@ -260,7 +272,9 @@ def choose_width(
     running = pools(spec)[pool].nodes_per_replica
     recommended = decision.width.nodes if decision.width is not None else None
     apply = auto is not None and auto.width_changes == "Apply"
-    width = width_to_apply(apply, recommended, running, scale, old)
+    wide = decision.width.gpus * max(scale.instances, decision.instances) if decision.width else 0
+    fits = spec.gpu_budget is None or others + wide <= spec.gpu_budget  # every instance at that width
+    width = width_to_apply(apply, recommended, running, scale, old, fits)
     if width is not None:
         chosen = {**applied_widths(written, status), pool: width}
         as_written = {str(n): q.nodes_per_replica for n, q in pools(written).items()}
@@ -314,7 +328,9 @@ def autoscale_timer(
         before = ((status.get("autoscaling") or {}).get(pool) or {}).get("recommendedNodesPerReplica")
         report(op, body, logger, pool, step, decision, updates[pool], before)
         old, _ = width_view(spec, pods, pool, widths)
-        updates[pool].update(choose_width(body, written, spec, status, op, pool, decision, step.scale, old))
+        others = held_gpus(spec, policies, scales, decisions, widths, leave_out=pool) + committed
+        fields = choose_width(body, written, spec, status, op, pool, decision, step.scale, old, others)
+        updates[pool].update(fields)
         if step.scale != scales[pool]:
             op.wakeups.mark(key)
     patch.status["autoscaling"] = updates

@@ -86,6 +86,19 @@ def update_warnings(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> lis
     """What an update admits but costs: a pool's width change restarts its instances (no surge)."""
     out: list[str] = []
     for pool in ("prefill", "decode"):
+        applied = _get(old_spec, f"{pool}.autoscaling.widthChanges") == "Apply"
+        scaled = _get(spec, f"{pool}.autoscaling.mode", "Operator") == "Operator"
+        if (
+            applied
+            and _get(spec, pool) is not None
+            and (_get(spec, f"{pool}.autoscaling.widthChanges") != "Apply" or not scaled)
+        ):
+            out.append(
+                f"spec.{pool}.autoscaling.widthChanges is no longer Apply: if the autoscaler runs the pool at "
+                f"another width (status.autoscaling.{pool}.nodesPerReplica), every {pool} instance rolls back "
+                f"to spec.{pool}.nodesPerReplica, one at a time"
+            )
+    for pool in ("prefill", "decode"):
         old_nodes, new_nodes = (
             _get(old_spec, f"{pool}.nodesPerReplica", 1),
             _get(spec, f"{pool}.nodesPerReplica", 1),
@@ -106,6 +119,7 @@ def update_warnings(spec: Mapping[str, Any], old_spec: Mapping[str, Any]) -> lis
             "time where the cluster has free nodes for each new group beside the running ones; an instance "
             "that can only be placed onto nodes another still runs restarts at once, and so does the one "
             f"running there, whichever pool it is in, losing its requests in flight; otherwise {how}. "
+            "Nothing restarts where the autoscaler already runs the pool at this width (widthChanges Apply). "
             "To keep full capacity without autoscaling, create a second MoEDeployment at the new width, move "
             "traffic to it, then delete this one"
         )
