@@ -119,7 +119,8 @@ class Router:
             f"t={time.monotonic() - self.start:5.1f}s rate={self.rate} instances={st.get('instances')} "
             f"serving={st.get('serving')} off={st.get('rollingInstance')} reason={st.get('reason')} "
             f"latency={st.get('latency')} "
-            f"tokenUsage={st.get('tokenUsage')} wider={st.get('recommendedNodesPerReplica')}"
+            f"tokenUsage={st.get('tokenUsage')} wider={st.get('recommendedNodesPerReplica')} "
+            f"said={str(st.get('message'))[:200]!r}"
         )
         return st
 
