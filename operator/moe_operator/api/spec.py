@@ -235,10 +235,10 @@ class PoolAutoscalingSpec(APIObject):
     width_changes: Literal["Recommend", "Apply"] = Field(
         default="Recommend",
         description="Recommend: a better width is only reported (status and an event); a person or a "
-        "pipeline sets nodesPerReplica. Apply: the autoscaler runs the pool at the width it "
-        "recommends (status.autoscaling.<pool>.nodesPerReplica), each instance replaced "
-        "make-before-break, while spec.<pool>.nodesPerReplica stays what was written (editing it "
-        "takes over again).",
+        "pipeline sets nodesPerReplica. Apply: the autoscaler also runs the pool at a wider width it "
+        "recommends (status.autoscaling.<pool>.nodesPerReplica) once two or more instances serve and "
+        "the pool at that width fits spec.gpuBudget, each instance replaced make-before-break, while "
+        "spec.<pool>.nodesPerReplica stays what was written (editing it takes over again).",
     )
     burst_memory: Annotated[Duration, DurationRange("1m", "168h")] = Field(
         default="6h",
