@@ -69,10 +69,10 @@ def advance(
     cancelled only when the load needs the instance back; None: no data, nothing is cancelled);
     ``ready`` and ``idle`` are instance indexes as observed; ``router_settled``: the router runs
     the current worker list everywhere (a drained instance may go only then, or at the timeout);
-    ``old_width``: instances whose group still runs another width than the spec's; ``room``: one more instance fits the pool's
-    bounds and the budget (a width change then creates one at the new width first); ``up``: the
-    instances whose ranks are all ready at either width (default ``ready``, which counts only the
-    new width's)."""
+    ``old_width``: instances whose group still runs another width than the spec's; ``room``: one
+    more instance fits the pool's bounds and the budget (a width change then creates one at the
+    new width first); ``up``: the instances with every rank of their group's width ready (default
+    ``ready``, which counts only the new width's)."""
     if s.blocked_until is not None and now < s.blocked_until:
         want = min(want, s.instances)
     if s.draining:
@@ -158,7 +158,8 @@ def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float
 
 def _widen(s: Scale, old: list[int], up: Collection[int], now: float, room: bool) -> Step:
     """The next step of a width change: an instance at the new width first (when none serves yet
-    and there is room), then the first instance at the old width off the list once every listed one is up."""
+    and there is room), then the first instance at the old width off the list once every listed
+    one is up."""
     if room and len(old) == s.serving:
         grown = replace(s, instances=s.instances + 1, pending_since=now, last_change=now)
         return Step(
