@@ -219,21 +219,28 @@ def test_scale_out_on_breach_then_drain_and_scale_in(
         )  # fmt: skip
 
 
-def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_a_wider_instance_replaces_each_narrow_one(
-    api: httpx.Client, deployed: str, moe_operator: OperatorProcess, tmp_path: Path
-) -> None:
+def _two_node_decode(**autoscaling: Any) -> tuple[dict[str, Any], int, int]:
+    """The DeepSeek-V3 P/D example with one two-node decode instance, autoscaled up to two (plus
+    ``autoscaling``); and the KV tokens the operator's memory model gives two and four nodes."""
     obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-pd-h100.yaml").read_text())
-    name = obj["metadata"]["name"]
     spec = obj["spec"]
     spec["monitoring"] = {"podMonitor": False, "prometheusRule": False}
     spec["decode"].update(nodesPerReplica=2, replicas=1)
     spec["decode"]["autoscaling"] = {
-        "mode": "Operator", "minReplicas": 1, "maxReplicas": 2, "nodesPerReplicaOptions": [4],
-        "widthChanges": "Apply", "slo": {"itl": f"{int(SLO_ITL * 1000)}ms", "percentile": 90},
+        "mode": "Operator", "minReplicas": 1, "maxReplicas": 2,
+        "slo": {"itl": f"{int(SLO_ITL * 1000)}ms", "percentile": 90},
         "bootTime": "30s", "scaleOutCooldown": "10s", "scaleInCooldown": "10m", "scaleInWindow": "10m",
+        **autoscaling,
     }  # fmt: skip
     checked = MoEDeploymentSpec.model_validate(spec)
-    narrow, wide = kv_tokens_at_width(checked, "decode", 2), kv_tokens_at_width(checked, "decode", 4)
+    return obj, kv_tokens_at_width(checked, "decode", 2), kv_tokens_at_width(checked, "decode", 4)
+
+
+def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_a_wider_instance_replaces_each_narrow_one(
+    api: httpx.Client, deployed: str, moe_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    obj, narrow, wide = _two_node_decode(nodesPerReplicaOptions=[4], widthChanges="Apply")
+    name = obj["metadata"]["name"]
     assert wide > 2 * narrow > 0  # the premise: a wider instance holds more KV per GPU
     assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
     # prompts of 16k tokens: about 90 requests fill a two-node instance's KV (the operator's memory
@@ -313,18 +320,8 @@ def test_a_width_change_with_room_serves_at_the_new_width_before_the_narrow_inst
     instance first, lists it once ready, and only then takes the two-node one off the router; that
     one finishes what it runs before its group rolls onto four nodes. The router never lists fewer
     instances than before, and no request an engine ran is lost."""
-    obj: dict[str, Any] = yaml.safe_load((REPO / "examples" / "deepseek-v3-pd-h100.yaml").read_text())
+    obj, narrow, wide = _two_node_decode()
     name = obj["metadata"]["name"]
-    spec = obj["spec"]
-    spec["monitoring"] = {"podMonitor": False, "prometheusRule": False}
-    spec["decode"].update(nodesPerReplica=2, replicas=1)
-    spec["decode"]["autoscaling"] = {
-        "mode": "Operator", "minReplicas": 1, "maxReplicas": 2,
-        "slo": {"itl": f"{int(SLO_ITL * 1000)}ms", "percentile": 90},
-        "bootTime": "30s", "scaleOutCooldown": "10s", "scaleInCooldown": "10m", "scaleInWindow": "10m",
-    }  # fmt: skip
-    checked = MoEDeploymentSpec.model_validate(spec)
-    narrow, wide = kv_tokens_at_width(checked, "decode", 2), kv_tokens_at_width(checked, "decode", 4)
     assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
     engine = {
         "model": "deepseek-v3", "gpus": 16, "gpus_per_node": 8, "redundant": 32, "role": "decode",

@@ -56,7 +56,13 @@ def effective_spec(
     spec: MoEDeploymentSpec, status: Mapping[str, Any], now: float, existing: Mapping[str, int] | None = None
 ) -> tuple[MoEDeploymentSpec, dict[str, int]]:
     """The spec with the autoscaler's instance counts, and the router's list length per scaled pool."""
-    scales = pool_scales(spec, status, now, existing)
+    return sized_spec(spec, pool_scales(spec, status, now, existing))
+
+
+def sized_spec(
+    spec: MoEDeploymentSpec, scales: Mapping[Pool, Scale]
+) -> tuple[MoEDeploymentSpec, dict[str, int]]:
+    """effective_spec from the pools' scales already read."""
     if not scales:
         return spec, {}
     update: dict[str, Any] = {

@@ -229,13 +229,14 @@ def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int, off:
 def act(
     spec: MoEDeploymentSpec, pool: Pool, policy: PoolPolicy, scale: Scale, decision: PoolDecision,
     pods: list[dict[str, Any]], samples: Samples, router: dict[str, Any] | None, now: float,
-    widths: Widths, room: bool,
+    view: tuple[frozenset[int], frozenset[int]], room: bool,
 ) -> Step:  # fmt: skip
+    """``view``: width_view's (old, up) for the pool."""
     ready = ready_instances(spec, pods, pool)
     need = None if decision.reason == "no_data" else decision.need  # no data cancels nothing
     settled = router_settled(router, pool, scale.serving, scale.rolling)
     quiet = idle(samples.get(pool, {}))
-    old, up = width_view(spec, pods, pool, widths)
+    old, up = view
     return advance(
         scale, decision.instances, need, ready, quiet, now, policy.boot_s, policy.drain_timeout_s, settled,
         old, room, up,
@@ -276,15 +277,13 @@ def choose_width(
     fits = spec.gpu_budget is None or others + wide <= spec.gpu_budget  # every instance at that width
     width = width_to_apply(apply, recommended, running, scale, old, fits)
     if width is not None:
+        # wider than what runs, so never the written width: the other pool's choice comes along
         chosen = {**applied_widths(written, status), pool: width}
-        as_written = {str(n): q.nodes_per_replica for n, q in pools(written).items()}
-        chosen = {p: w for p, w in chosen.items() if w != as_written[p]}
         checks = lambda r: validate(r, None, op.platform, str(body.metadata.namespace or ""))  # noqa: E731
-        if not chosen or with_widths(dict(body.spec), chosen, checks) is not None:
+        if with_widths(dict(body.spec), chosen, checks) is not None:
             message = f"{pool}: running {width} node(s) per instance instead of {running}; {decision.message}"
             kopf.event(body, type="Normal", reason=Reason.WIDTH_CHOSEN.value, message=message)
-            back = width == mine  # the written width again: no choice left to keep
-            return {"nodesPerReplica": None if back else width, "nodesPerReplicaFrom": None if back else mine}
+            return {"nodesPerReplica": width, "nodesPerReplicaFrom": mine}
     if running == mine:  # no choice runs (none, or one the spec's edit ended): none stays in status
         return {"nodesPerReplica": None, "nodesPerReplicaFrom": None}
     return {}
@@ -319,17 +318,15 @@ def autoscale_timer(
     widths, committed = running_widths(body, kwargs), 0
     for pool, (decision, obs) in decided.items():
         room = surge_room(spec, policies, scales, decisions, widths, pool, committed)
-        step = act(
-            spec, pool, policies[pool], scales[pool], decision, pods, samples, router, now, widths, room
-        )
+        view = width_view(spec, pods, pool, widths)
+        step = act(spec, pool, policies[pool], scales[pool], decision, pods, samples, router, now, view, room)
         extra = step.scale.instances - max(scales[pool].instances, decision.instances)
         committed += max(0, extra) * policies[pool].width.gpus  # a width change's extra instance
         updates[pool] = codec.write_pool(step.scale, step, decision, obs)
         before = ((status.get("autoscaling") or {}).get(pool) or {}).get("recommendedNodesPerReplica")
         report(op, body, logger, pool, step, decision, updates[pool], before)
-        old, _ = width_view(spec, pods, pool, widths)
         others = held_gpus(spec, policies, scales, decisions, widths, leave_out=pool) + committed
-        fields = choose_width(body, written, spec, status, op, pool, decision, step.scale, old, others)
+        fields = choose_width(body, written, spec, status, op, pool, decision, step.scale, view[0], others)
         updates[pool].update(fields)
         if step.scale != scales[pool]:
             op.wakeups.mark(key)

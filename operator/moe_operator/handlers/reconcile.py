@@ -26,7 +26,7 @@ from moe_operator.api import MoEDeploymentSpec
 from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason
 from moe_operator.api.names import GROUP, PLURAL
-from moe_operator.autoscale.effective import effective_spec, existing_instances, pool_scales
+from moe_operator.autoscale.effective import existing_instances, pool_scales, sized_spec
 from moe_operator.autoscale.scale import Scale
 from moe_operator.handlers.indexes import CHILD_INDEXES, MANAGED, served_kinds
 from moe_operator.handlers.kube import KubeError
@@ -125,10 +125,9 @@ def _steps(t: Target) -> None:
     # the widths the autoscaler runs its pools at (widthChanges Apply), when admission takes them
     checked = running_spec(checked, dict(t.body.spec), t.status, t.op.platform, t.owner.namespace)
     # the autoscaler's sizes where it scales; a lowered maxReplicas drains what exists
-    existing = existing_instances(t.pods())
-    spec, serving = effective_spec(checked, t.status, t.now.timestamp(), existing)
+    scales = pool_scales(checked, t.status, t.now.timestamp(), existing_instances(t.pods()))
+    spec, serving = sized_spec(checked, scales)
     # an autoscaled pool's width change: one instance off the router, rolled only once released
-    scales = pool_scales(checked, t.status, t.now.timestamp(), existing)
     off = {str(pool): s.rolling for pool, s in scales.items() if s.rolling is not None}
     gates = {str(pool): width_gate(s) for pool, s in scales.items()}
     backend = choose_backend(t, spec)
