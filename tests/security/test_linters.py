@@ -67,7 +67,11 @@ def helm_template(*sets: str) -> str:
 
 
 def render_example(example: str) -> str:
-    return yaml.safe_dump_all(rendered(example, NAMESPACE), sort_keys=False)
+    """JSON documents (YAML both linters read): PyYAML leaves a string such as a content hash
+    "1234e567" unquoted, which Go's YAML reads as a number (kube-score then failed to parse the
+    manifest, "cannot unmarshal number into ... annotations of type string", whenever a hash
+    happened to look like one)."""
+    return "".join(f"---\n{json.dumps(obj)}\n" for obj in rendered(example, NAMESPACE))
 
 
 @pytest.fixture(scope="module")
