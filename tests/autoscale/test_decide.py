@@ -70,6 +70,20 @@ def test_a_load_step_scales_out_to_the_need_bounded_by_the_step_and_max() -> Non
     assert "needs" in d.message and "req/s" in d.message
 
 
+def test_a_standing_queue_orders_the_instances_that_drain_it() -> None:
+    """Instances ordered under overload find a queue when they boot: sized to the arrivals alone,
+    they would leave it (and its TTFT) to drain at the headroom's pace."""
+    state = _steady(2, 3.0)
+
+    def at(queued: float):
+        obs = dataclasses.replace(_obs(630, 3.6, 2), queued=queued)
+        return decide_pool(POLICY, dataclasses.replace(state, queued=queued), obs)  # no growth
+
+    empty, waiting = at(0.0), at(540.0)  # 540 requests over a 300 s boot: 1.8 requests/s more
+    assert waiting.need == empty.need + 1
+    assert waiting.numbers["forecastRate"] == pytest.approx(empty.numbers["forecastRate"] + 1.8)
+
+
 def test_scale_out_waits_for_its_cooldown() -> None:
     state = _steady(2, 3.0)
     first = decide_pool(POLICY, state, _obs(630, 6.0, 2))
@@ -149,6 +163,18 @@ def test_a_remembered_surge_keeps_headroom_then_fades() -> None:
     assert back.need > 2  # still covering the surge at the old rate
     later = _run(back.state, [(60_000 + 30 * i, 2.0, back.state.instances) for i in range(3)])
     assert later.state.surge < d.state.surge / 4
+
+
+def test_the_burst_reserve_scales_the_spare_capacity_held_for_a_remembered_surge() -> None:
+    """burstReserve: 0 holds nothing for bursts, 1 the largest rise remembered, 1.5 half as much again."""
+    state = dataclasses.replace(_steady(2, 2.0), surge=3.6)  # two instances' worth at 1.8 each
+    held = {
+        r: decide_pool(dataclasses.replace(POLICY, burst_reserve=r), state, _obs(630, 2.0, 2))
+        for r in (0.0, 1.0, 1.5)
+    }
+    forecast = [held[r].numbers["forecastRate"] for r in (0.0, 1.0, 1.5)]
+    assert forecast == pytest.approx([2.0, 5.6, 7.4], rel=0.01)  # the surge fades a little in 30 s
+    assert [held[r].need for r in (0.0, 1.0, 1.5)] == [2, 4, 5]
 
 
 def test_budget_trims_growth_only_largest_first() -> None:

@@ -86,11 +86,19 @@ def test_external_mode_is_not_scaled_and_needs_no_slo() -> None:
 
 
 def test_policy_numbers_come_from_the_spec() -> None:
-    auto = {**AUTO, "bootTime": "5m", "scaleInCooldown": "3m", "targetUtilization": 80, "burstMemory": "2h"}
+    auto = {
+        **AUTO,
+        "bootTime": "5m",
+        "scaleInCooldown": "3m",
+        "targetUtilization": 80,
+        "burstMemory": "2h",
+        "burstReserve": 120,
+    }
     spec = MoEDeploymentSpec.model_validate(_spec(decode=auto))
     p = pool_policy(spec, "decode")
     assert (p.min_instances, p.max_instances, p.boot_s, p.scale_in_cooldown_s) == (1, 4, 300, 180)
     assert p.headroom == 0.8 and p.surge_half_life_s == 7200 and p.width.gpus == 8
+    assert p.burst_reserve == 1.2
     assert [(o.metric, o.slo_s, o.quantile) for o in p.objectives] == [("itl", 0.06, 0.9)]
     assert operator_ports(spec) == [9400, spec.engine.port]
 

@@ -242,9 +242,19 @@ class PoolAutoscalingSpec(APIObject):
     )
     burst_memory: Annotated[Duration, DurationRange("1m", "168h")] = Field(
         default="6h",
-        description="Half-life of the remembered largest rise of load within one bootTime; the "
-        "pool keeps that much spare capacity. Longer meets the SLO through more bursts and costs "
-        "more GPU-hours (benchmarks/autoscale_bench.py measures the trade).",
+        description="Half-life of the remembered largest rise of load within one bootTime, for "
+        "which the pool keeps spare capacity (burstReserve). Longer meets the SLO through more "
+        "bursts and costs more GPU-hours (benchmarks/autoscale_bench.py measures the trade).",
+    )
+    burst_reserve: int = Field(
+        default=100,
+        ge=0,
+        le=400,
+        description="Spare capacity kept for a burst, in percent of the largest rise of load within "
+        "one bootTime the pool remembers (burstMemory): 100 holds a burst as large as that one, 150 "
+        "one half as large again (a burst that lands on a higher load rises more), 0 none. Higher "
+        "meets the SLO through more bursts and costs more GPU-hours "
+        "(benchmarks/autoscale_bench.py measures the trade).",
     )
 
 

@@ -3,7 +3,8 @@
 The need is what the model says the forecast load takes at the SLO, with headroom; a breach
 the model did not predict adds one instance; a pool whose KV cache is full needs room, not
 compute, and a wider width is recommended when it holds that room on fewer GPUs. Scale-out
-plans on the rate one boot time ahead (wide-EP groups take minutes to come up); scale-in
+plans on the rate one boot time ahead (wide-EP groups take minutes to come up), plus what
+drains the queue those instances will find; scale-in
 plans on the highest rate of the last window, one instance at a time, never while an
 instance is booting or an SLO is breached, and never below what the current load needs.
 """
@@ -18,6 +19,10 @@ from .model import Fit, update
 HISTORY_S = 2 * 3600.0  # rate samples kept at most: the longest boot time or scale-in window
 MAX_NEED = 1_000_000  # instances: a need past it is reported as it, not computed
 SURGE_HALF_LIFE_S = 6 * 3600.0  # how fast a remembered surge is forgotten
+# Spare capacity per remembered surge (spec: burstReserve). More meets the SLO through bursts
+# that land on a higher load (they rise more) and costs GPU-hours; benchmarks/autoscale_bench.py
+# prints both sides, and no value won on both there (docs/autoscaling.md).
+BURST_RESERVE = 1.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class PoolPolicy:
     drain_timeout_s: float = 600.0
     max_step_out: int = 4
     surge_half_life_s: float = SURGE_HALF_LIFE_S
+    burst_reserve: float = BURST_RESERVE  # spare capacity held, as a multiple of the remembered surge
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,17 @@ def _surge(
     last = state.rates[-1][0] if state.rates else now  # the previous decision, before pruning
     decayed = state.surge * float(0.5 ** ((now - last) / half_life_s))
     return max(decayed, rise, 0.0)
+
+
+def _backlog(policy: PoolPolicy, queued: float, growth: float) -> float:
+    """The rate that drains, within one boot time, the queue an instance ordered now finds.
+
+    Instances ordered under overload serve only after ``boot_s``; by then the queue holds what
+    waits now and what joins it meanwhile. Sized to the arrivals alone they would serve the new
+    load and leave that queue (and its TTFT) to drain at the headroom's pace.
+    """
+    boot = max(policy.boot_s, 1.0)
+    return (queued + max(0.0, growth) * boot) / boot
 
 
 def _capacity(policy: PoolPolicy, fits: dict[str, Fit]) -> float:
@@ -219,7 +236,7 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
     if capacity > 0:
         surge = min(surge, policy.max_instances * capacity)
     base_level = min(r for t, r in smooth if now - t <= policy.boot_s)
-    ahead = max(offered, base_level + surge)
+    ahead = max(offered, base_level + policy.burst_reserve * surge) + _backlog(policy, obs.queued, growth)
     recent = max(r for t, r in rates if now - t <= policy.scale_in_window_s)
     need_out, bound = _need(policy, fits, ahead)
     need_in, _ = _need(policy, fits, max(recent, offered))

@@ -54,4 +54,5 @@ def pool_policy(spec: MoEDeploymentSpec, pool: Pool) -> PoolPolicy:
         boot_s=parse_duration(a.boot_time),
         drain_timeout_s=parse_duration(a.drain_timeout),
         surge_half_life_s=parse_duration(a.burst_memory),
+        burst_reserve=a.burst_reserve / 100,
     )
