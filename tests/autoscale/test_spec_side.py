@@ -320,14 +320,22 @@ def test_the_width_the_autoscaler_applies_is_run_only_while_it_is_the_operators_
 
 def test_a_width_is_applied_only_wider_between_changes_with_one_instance_left_serving() -> None:
     steady = Scale(2, 2)
-    assert width_to_apply(True, 4, 2, steady, (), True) == 4
-    assert width_to_apply(False, 4, 2, steady, (), True) is None  # Recommend
-    assert width_to_apply(True, None, 2, steady, (), True) is None
-    assert width_to_apply(True, 2, 2, steady, (), True) is None
-    assert width_to_apply(True, 1, 2, steady, (), True) is None  # narrower: only recommended
-    assert width_to_apply(True, 4, 2, steady, (), False) is None  # the pool at 4 past the GPU budget
-    assert width_to_apply(True, 4, 2, Scale(1, 1), (), True) is None  # its only instance would go
-    assert width_to_apply(True, 4, 2, steady, (1,), True) is None  # a width change still rolls
-    assert width_to_apply(True, 4, 2, Scale(3, 2), (), True) is None  # a scale-out boots
-    assert width_to_apply(True, 4, 2, Scale(3, 2, draining=True), (), True) is None
-    assert width_to_apply(True, 4, 2, Scale(2, 2, rolling=0, rolling_since=NOW), (), True) is None
+    assert width_to_apply(True, 4, 2, steady, (), True) == (4, "")
+    # nothing to apply, nothing to say
+    assert width_to_apply(False, 4, 2, steady, (), True) == (None, "")  # Recommend
+    assert width_to_apply(True, None, 2, steady, (), True) == (None, "")
+    assert width_to_apply(True, 2, 2, steady, (), True) == (None, "")
+    assert width_to_apply(True, 1, 2, steady, (), True) == (None, "")  # narrower: only recommended
+    # held, and status says why (widthHeld)
+    held = {
+        "budget": width_to_apply(True, 4, 2, steady, (), False),  # the pool at 4 past the GPU budget
+        "alone": width_to_apply(True, 4, 2, Scale(1, 1), (), True),  # its only instance would go
+        "rolls": width_to_apply(True, 4, 2, steady, (1,), True),  # a width change still rolls
+        "boots": width_to_apply(True, 4, 2, Scale(3, 2), (), True),  # a scale-out boots
+        "drains": width_to_apply(True, 4, 2, Scale(3, 2, draining=True), (), True),
+        "rolling": width_to_apply(True, 4, 2, Scale(2, 2, rolling=0, rolling_since=NOW), (), True),
+    }
+    assert all(width is None for width, _ in held.values())
+    assert "spec.gpuBudget" in held["budget"][1] and "minReplicas 2" in held["alone"][1]
+    assert held["rolls"][1] == held["rolling"][1] == "a width change is still rolling"
+    assert held["boots"][1] == held["drains"][1] == "a scale-out or drain is under way"

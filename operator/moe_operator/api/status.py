@@ -251,6 +251,13 @@ class PoolAutoscalingStatus(StatusObject):
         description="The width the autoscaler runs the pool at (autoscaling.widthChanges Apply), "
         "while spec.<pool>.nodesPerReplica is still nodesPerReplicaFrom; absent otherwise.",
     )
+    width_held: str | None = Field(
+        default=None,
+        max_length=300,
+        description="Why the recommended width is not applied yet (autoscaling.widthChanges Apply): "
+        "past spec.gpuBudget, one instance serving, a scale-out, drain or width change under way, or "
+        "a spec at that width that admission refuses; absent when nothing waits.",
+    )
     nodes_per_replica_from: int | None = Field(
         default=None,
         ge=1,

@@ -219,13 +219,25 @@ def _roll(
 
 def width_to_apply(
     apply: bool, recommended: int | None, running: int, s: Scale, old: Collection[int], fits: bool
-) -> int | None:
-    """The width to run the pool at from now (autoscaling.widthChanges Apply): a wider recommendation,
-    only while no width change, scale-out or drain is under way, with two instances or more listed
-    (one keeps serving while the other drains and rolls) and ``fits`` (the pool's instances at that
-    width inside the GPU budget); None: keep the width it runs (a narrower one is only recommended)."""
-    if not apply or recommended is None or recommended <= running or not fits:
-        return None
-    if s.rolling is not None or s.draining or s.instances != s.serving or s.serving < 2 or old:
-        return None
-    return recommended
+) -> tuple[int | None, str]:
+    """The width to run the pool at from now (autoscaling.widthChanges Apply), or None and why not.
+
+    A wider recommendation is taken only while no width change, scale-out or drain is under way,
+    with two instances or more listed (one keeps serving while the other drains and rolls) and
+    ``fits`` (the pool's instances at that width inside the GPU budget). The reason is empty when
+    there is nothing to apply: Recommend, no recommendation, or a narrower one (only recommended).
+    """
+    if not apply or recommended is None or recommended <= running:
+        return None, ""
+    if not fits:
+        return None, f"the pool's instances at {recommended} node(s) each would pass spec.gpuBudget"
+    if s.rolling is not None or old:
+        return None, "a width change is still rolling"
+    if s.draining or s.instances != s.serving:
+        return None, "a scale-out or drain is under way"
+    if s.serving < 2:
+        return None, (
+            "one instance serves: rolling it to the new width would stop the pool (minReplicas 2 lets it"
+            " change make-before-break)"
+        )
+    return recommended, ""

@@ -275,7 +275,7 @@ def choose_width(
     apply = auto is not None and auto.width_changes == "Apply"
     wide = decision.width.gpus * max(scale.instances, decision.instances) if decision.width else 0
     fits = spec.gpu_budget is None or others + wide <= spec.gpu_budget  # every instance at that width
-    width = width_to_apply(apply, recommended, running, scale, old, fits)
+    width, held = width_to_apply(apply, recommended, running, scale, old, fits)
     if width is not None:
         # wider than what runs, so never the written width: the other pool's choice comes along
         chosen = {**applied_widths(written, status), pool: width}
@@ -283,10 +283,12 @@ def choose_width(
         if with_widths(dict(body.spec), chosen, checks) is not None:
             message = f"{pool}: running {width} node(s) per instance instead of {running}; {decision.message}"
             kopf.event(body, type="Normal", reason=Reason.WIDTH_CHOSEN.value, message=message)
-            return {"nodesPerReplica": width, "nodesPerReplicaFrom": mine}
+            return {"nodesPerReplica": width, "nodesPerReplicaFrom": mine, "widthHeld": None}
+        held = f"the spec at {width} node(s) per instance fails admission's checks"
+    fields: dict[str, Any] = {"widthHeld": held or None}
     if running == mine:  # no choice runs (none, or one the spec's edit ended): none stays in status
-        return {"nodesPerReplica": None, "nodesPerReplicaFrom": None}
-    return {}
+        fields.update(nodesPerReplica=None, nodesPerReplicaFrom=None)
+    return fields
 
 
 @kopf.timer(GROUP, PLURAL, interval=TICK_S, initial_delay=TICK_S)
