@@ -139,13 +139,13 @@ def trace(kind: str, seed: int, hours: float, peak: float = 20.0) -> np.ndarray:
         shape = 0.25 + 0.75 * (0.5 - 0.5 * np.cos(day))
     lam = peak * shape
     if kind == "bursty":
-        for _ in range(round(6 * hours / 24)):  # six a day
+        for _ in range(max(1, round(6 * hours / 24))):  # six a day
             start, dur = rng.uniform(0, t[-1]), rng.uniform(300, 1800)
             ramp, amp = rng.uniform(120, 300), rng.uniform(0.5, 1.2)
             up = np.clip((t - start) / ramp, 0, 1) * np.clip((start + dur - t) / ramp, 0, 1)
             lam = lam * (1 + amp * up)
     if kind == "flash":
-        for _ in range(round(2 * hours / 24)):  # two a day
+        for _ in range(max(1, round(2 * hours / 24))):  # two a day
             start = rng.uniform(0, t[-1] - 3600)
             lam = lam * np.where(
                 (t >= start) & (t < start + 3600), 2.5 * np.clip((t - start) / 60, 0.4, 1), 1.0

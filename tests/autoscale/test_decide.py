@@ -70,18 +70,29 @@ def test_a_load_step_scales_out_to_the_need_bounded_by_the_step_and_max() -> Non
     assert "needs" in d.message and "req/s" in d.message
 
 
-def test_a_standing_queue_orders_the_instances_that_drain_it() -> None:
+def test_a_growing_queue_orders_the_instances_that_drain_it() -> None:
     """Instances ordered under overload find a queue when they boot: sized to the arrivals alone,
     they would leave it (and its TTFT) to drain at the headroom's pace."""
     state = _steady(2, 3.0)
+    grows = dataclasses.replace(_obs(600, 3.6, 2), queued=90.0)  # from 0 in 30 s: 3 requests/s more
+    d = decide_pool(POLICY, state, grows)
+    # offered 3.6 + 3; then what waits when they serve (90 + 3 x 300 s) drained in 300 s: 3.3
+    assert d.numbers["offeredRate"] == pytest.approx(6.6)
+    assert d.numbers["forecastRate"] == pytest.approx(6.6 + 3.3)
+    assert d.need == 6  # 4 for the arrivals alone, at 1.8 requests/s each
+    # a flood is drained by at most what the largest pool serves (10 x 1.8)
+    flood = decide_pool(POLICY, state, dataclasses.replace(grows, queued=1e6))
+    assert flood.numbers["forecastRate"] == pytest.approx(flood.numbers["offeredRate"] + 18.0)
 
-    def at(queued: float):
-        obs = dataclasses.replace(_obs(630, 3.6, 2), queued=queued)
-        return decide_pool(POLICY, dataclasses.replace(state, queued=queued), obs)  # no growth
 
-    empty, waiting = at(0.0), at(540.0)  # 540 requests over a 300 s boot: 1.8 requests/s more
-    assert waiting.need == empty.need + 1
-    assert waiting.numbers["forecastRate"] == pytest.approx(empty.numbers["forecastRate"] + 1.8)
+def test_a_queue_that_stands_while_latency_is_fine_holds_nothing_up() -> None:
+    """A queue that neither grows nor comes with a breach is no overload (a lying pod can say so):
+    it must not block a scale-in nor add an instance."""
+    state = dataclasses.replace(_steady(3, 3.0), queued=1e6)
+    d = decide_pool(POLICY, state, dataclasses.replace(_obs(630, 3.0, 3), queued=1e6))
+    assert d.numbers["forecastRate"] == pytest.approx(3.0, rel=0.05) and d.need == 2
+    later = _run(d.state, [(660 + 30 * i, 3.0, 3) for i in range(30)])
+    assert later.state.instances == 2  # scaled in
 
 
 def test_scale_out_waits_for_its_cooldown() -> None:

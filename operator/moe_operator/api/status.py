@@ -212,7 +212,9 @@ class PoolAutoscalingStatus(StatusObject):
     forecast_rate: float | None = Field(
         default=None,
         ge=0,
-        description="Requests/s planned for: the lowest recent rate plus the remembered burst.",
+        description="Requests/s planned for: the offered rate, or the lowest recent rate plus "
+        "burstReserve times the remembered burst if more, plus (under overload) the rate that drains "
+        "the queue within one bootTime.",
     )
     rate_per_instance: float | None = Field(
         default=None, ge=0, description="Requests/s one instance takes at the SLO, as the fitted model says."

@@ -136,15 +136,20 @@ def _surge(
     return max(decayed, rise, 0.0)
 
 
-def _backlog(policy: PoolPolicy, queued: float, growth: float) -> float:
+def _backlog(policy: PoolPolicy, queued: float, growth: float, overloaded: bool, capacity: float) -> float:
     """The rate that drains, within one boot time, the queue an instance ordered now finds.
 
     Instances ordered under overload serve only after ``boot_s``; by then the queue holds what
     waits now and what joins it meanwhile. Sized to the arrivals alone they would serve the new
-    load and leave that queue (and its TTFT) to drain at the headroom's pace.
+    load and leave that queue (and its TTFT) to drain at the headroom's pace. Only under
+    overload (the queue grows or an SLO is breached): a queue that stands while latency is
+    fine is no backlog, and must not hold the pool up. At most what the largest pool serves.
     """
+    if not overloaded:
+        return 0.0
     boot = max(policy.boot_s, 1.0)
-    return (queued + max(0.0, growth) * boot) / boot
+    rate = (queued + max(0.0, growth) * boot) / boot
+    return min(rate, policy.max_instances * capacity) if capacity > 0 else rate
 
 
 def _capacity(policy: PoolPolicy, fits: dict[str, Fit]) -> float:
@@ -236,12 +241,13 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
     if capacity > 0:
         surge = min(surge, policy.max_instances * capacity)
     base_level = min(r for t, r in smooth if now - t <= policy.boot_s)
-    ahead = max(offered, base_level + policy.burst_reserve * surge) + _backlog(policy, obs.queued, growth)
+    breach = _breach(policy, obs)
+    backlog = _backlog(policy, obs.queued, growth, growth > 0 or bool(breach), capacity)
+    ahead = max(offered, base_level + policy.burst_reserve * surge) + backlog
     recent = max(r for t, r in rates if now - t <= policy.scale_in_window_s)
     need_out, bound = _need(policy, fits, ahead)
     need_in, _ = _need(policy, fits, max(recent, offered))
     kv = _kv_need(policy, obs)
-    breach = _breach(policy, obs)
     booting = max(0, state.instances - obs.serving)
     floor = obs.serving + 1 if breach and booting == 0 else 0
     need = max(need_out, kv, floor)  # what scale-out grows to
