@@ -74,15 +74,19 @@ def test_a_growing_queue_orders_the_instances_that_drain_it() -> None:
     """Instances ordered under overload find a queue when they boot: sized to the arrivals alone,
     they would leave it (and its TTFT) to drain at the headroom's pace."""
     state = _steady(2, 3.0)
-    grows = dataclasses.replace(_obs(600, 3.6, 2), queued=90.0)  # from 0 in 30 s: 3 requests/s more
+    grows = dataclasses.replace(_obs(600, 3.6, 2, itl=0.2), queued=90.0)  # 3 requests/s more, breached
     d = decide_pool(POLICY, state, grows)
     # offered 3.6 + 3; then what waits when they serve (90 + 3 x 300 s) drained in 300 s: 3.3
     assert d.numbers["offeredRate"] == pytest.approx(6.6)
     assert d.numbers["forecastRate"] == pytest.approx(6.6 + 3.3)
     assert d.need == 6  # 4 for the arrivals alone, at 1.8 requests/s each
-    # a flood is drained by at most what the largest pool serves (10 x 1.8)
+    # the same growth with latency inside the SLO: one interval's growth is no overload
+    calm = decide_pool(POLICY, state, dataclasses.replace(grows, latency={"itl": 0.05}))
+    assert calm.numbers["forecastRate"] == pytest.approx(6.6)
+    # a flood is drained by at most what the largest pool serves (10 instances at the fitted rate)
     flood = decide_pool(POLICY, state, dataclasses.replace(grows, queued=1e6))
-    assert flood.numbers["forecastRate"] == pytest.approx(flood.numbers["offeredRate"] + 18.0)
+    largest = POLICY.max_instances * flood.numbers["itlRatePerInstance"] * POLICY.headroom
+    assert flood.numbers["forecastRate"] == pytest.approx(flood.numbers["offeredRate"] + largest)
 
 
 def test_a_queue_that_stands_while_latency_is_fine_holds_nothing_up() -> None:

@@ -213,8 +213,8 @@ class PoolAutoscalingStatus(StatusObject):
         default=None,
         ge=0,
         description="Requests/s planned for: the offered rate, or the lowest recent rate plus "
-        "burstReserve times the remembered burst if more, plus (under overload) the rate that drains "
-        "the queue within one bootTime.",
+        "burstReserve times the remembered burst if more, plus (while an SLO is breached) the rate that "
+        "drains the queue within one bootTime.",
     )
     rate_per_instance: float | None = Field(
         default=None, ge=0, description="Requests/s one instance takes at the SLO, as the fitted model says."

@@ -141,9 +141,10 @@ def _backlog(policy: PoolPolicy, queued: float, growth: float, overloaded: bool,
 
     Instances ordered under overload serve only after ``boot_s``; by then the queue holds what
     waits now and what joins it meanwhile. Sized to the arrivals alone they would serve the new
-    load and leave that queue (and its TTFT) to drain at the headroom's pace. Only under
-    overload (the queue grows or an SLO is breached): a queue that stands while latency is
-    fine is no backlog, and must not hold the pool up. At most what the largest pool serves.
+    load and leave that queue (and its TTFT) to drain at the headroom's pace. Only while an SLO
+    is breached: a queue that stands while latency is fine is no backlog and must not hold the
+    pool up, and one interval's growth is too noisy a sign of overload (an e2e run scaled out on
+    it). At most what the largest pool serves.
     """
     if not overloaded:
         return 0.0
@@ -242,7 +243,7 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
         surge = min(surge, policy.max_instances * capacity)
     base_level = min(r for t, r in smooth if now - t <= policy.boot_s)
     breach = _breach(policy, obs)
-    backlog = _backlog(policy, obs.queued, growth, growth > 0 or bool(breach), capacity)
+    backlog = _backlog(policy, obs.queued, growth, bool(breach), capacity)
     ahead = max(offered, base_level + policy.burst_reserve * surge) + backlog
     recent = max(r for t, r in rates if now - t <= policy.scale_in_window_s)
     need_out, bound = _need(policy, fits, ahead)
