@@ -99,6 +99,12 @@ def test_times_from_the_future_are_not_the_operators() -> None:
     assert codec.read_scale(
         {"instances": 2, "serving": 2, "blockedUntil": soon}, fallback, 1, 4, NOW, 600
     ).blocked_until
+    # widthRetryAfter: a pause no longer than the operator writes, and only while it lasts
+    assert codec.read_retry({"widthRetryAfter": soon}, NOW, 600) == NOW + 300
+    assert codec.read_retry({"widthRetryAfter": far}, NOW, 600) is None
+    assert codec.read_retry({"widthRetryAfter": codec.write_time(NOW - 1)}, NOW, 600) is None
+    assert codec.read_retry({"widthRetryAfter": 12}, NOW, 600) is None
+    assert codec.read_retry({}, NOW, 600) is None
 
 
 def test_non_finite_numbers_never_reach_status() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from moe_operator.autoscale.scale import MIN_DRAIN_S, Scale, Step, advance, initial
+from moe_operator.autoscale.scale import MIN_DRAIN_S, Scale, Step, advance, initial, width_failed
 
 BOOT, DRAIN = 300.0, 600.0
 
@@ -144,3 +144,36 @@ def test_a_width_reverted_during_its_drain_lists_the_instance_again() -> None:
     off = Scale(2, 2, rolling=1, rolling_since=0.0)
     back = _tick(off, 10, narrow=set(), ready={0, 1})
     assert (back.scale.rolling, back.event) == (None, "WidthRolled")
+
+
+def test_a_released_instance_that_does_not_come_up_at_the_new_width_is_reported_and_nothing_more_rolls() -> (
+    None
+):
+    """Released at t=0 (the reconciler may roll it); not ready at the new width twice the boot time
+    later: a width_stuck step with its event, the roll kept (the others keep serving, no second
+    instance drains), the clock restarted so the report repeats only every twice the boot time."""
+    released = Scale(3, 3, rolling=0, released=True, rolling_since=0.0)
+    waiting = _tick(released, 2 * BOOT, narrow={0, 1}, ready={2}, up={1, 2})
+    assert (waiting.scale, waiting.reason, waiting.event) == (released, "width_rolling", "")
+    stuck = _tick(released, 2 * BOOT + 1, narrow={0, 1}, ready={2}, up={1, 2})
+    assert (stuck.reason, stuck.event) == ("width_stuck", "WidthRollStuck")
+    assert (stuck.scale.rolling, stuck.scale.released, stuck.scale.rolling_since) == (0, True, 2 * BOOT + 1)
+    assert "not ready 601s after it was released" in stuck.message
+    assert width_failed(stuck, {1})
+    quiet = _tick(stuck.scale, 3 * BOOT, narrow={0, 1}, ready={2}, up={1, 2})
+    assert (quiet.reason, quiet.event) == ("width_rolling", "")
+    # it comes up after all (at the new width, or back at the old one once the width is given up)
+    back = _tick(stuck.scale, 3 * BOOT, narrow={1}, ready={0, 2}, up={0, 1, 2})
+    assert (back.scale.rolling, back.event) == (None, "WidthRolled")
+
+
+def test_a_width_change_whose_new_instance_was_rolled_back_goes_on_without_room() -> None:
+    """The instance created at the new width did not come up (ScaleOutRolledBack; maybe no nodes to
+    spare): while growth is paused the change drains an instance at the old width first instead,
+    and a released one that does not come up either stops it (the test above)."""
+    s = _tick(Scale(2, 2), 0, narrow={0, 1}, ready=set(), up={0, 1}, room=True)
+    rolled = _tick(s.scale, 2 * BOOT + 1, narrow={0, 1}, ready=set(), up={0, 1}, room=True)
+    assert (rolled.scale.instances, rolled.event) == (2, "ScaleOutRolledBack")
+    assert width_failed(rolled, {0, 1}) and not width_failed(rolled, ())  # a plain scale-out's is not
+    drain = _tick(rolled.scale, 2 * BOOT + 30, narrow={0, 1}, ready=set(), up={0, 1}, room=True)
+    assert (drain.scale.instances, drain.scale.rolling, drain.event) == (2, 0, "WidthDraining")

@@ -339,3 +339,58 @@ def test_a_width_is_applied_only_wider_between_changes_with_one_instance_left_se
     assert "spec.gpuBudget" in held["budget"][1] and "minReplicas 2" in held["alone"][1]
     assert held["rolls"][1] == held["rolling"][1] == "a width change is still rolling"
     assert held["boots"][1] == held["drains"][1] == "a scale-out or drain is under way"
+    # a chosen width that did not come up: none is chosen again before widthRetryAfter
+    paused = width_to_apply(True, 4, 2, steady, (), True, retry_at=NOW + 90, now=NOW)
+    assert paused[0] is None and "did not come up" in paused[1] and "90s" in paused[1]
+    assert width_to_apply(True, 4, 2, steady, (), True, retry_at=NOW, now=NOW) == (4, "")
+
+
+def test_a_chosen_width_that_does_not_come_up_is_given_up_and_not_chosen_again_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """widthChanges Apply chose 18 nodes; the instance released to roll onto it is stuck (or the one
+    created at it was rolled back): status goes back to the spec's 9 with a Warning, widthRetryAfter
+    six bootTimes ahead, and the next ticks hold the recommendation until then."""
+    from moe_operator.autoscale.decide import Width
+    from moe_operator.handlers import autoscale_loop
+
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(
+        autoscale_loop.kopf,
+        "event",
+        lambda body, type, reason, message: events.append((type, reason, message)),
+    )
+    raw = _spec("deepseek-v3-pd-h100.yaml", decode={**AUTO, "slo": {"itl": "50ms"}, "widthChanges": "Apply",
+                                                    "nodesPerReplicaOptions": [18], "bootTime": "5m"})  # fmt: skip
+    raw["decode"]["nodesPerReplica"] = 9
+    written = MoEDeploymentSpec.model_validate(raw)
+    status = {
+        "autoscaling": {
+            "decode": {"instances": 3, "serving": 3, "nodesPerReplica": 18, "nodesPerReplicaFrom": 9}
+        }
+    }
+    spec = running_spec(written, raw, status, DEFAULT_POLICY, "ns")
+    body = {"metadata": {"name": "m", "namespace": "ns", "uid": "u"}, "spec": raw}
+    decision = PoolDecision(3, 3, "steady", "", 3, PoolState(instances=3, fits={}), width=Width(18, 144, 1.0))
+    stuck = Step(
+        Scale(3, 3, rolling=0, released=True, rolling_since=NOW), "width_stuck", "WidthRollStuck", "x"
+    )
+
+    def choose(step: Step, st: dict[str, Any], at: dict[str, Any] | None = None) -> dict[str, Any]:
+        run = spec if at is None else at
+        return autoscale_loop.choose_width(
+            body, written, run, st, None, "decode", decision, step, frozenset({1, 2}), 0, NOW
+        )  # type: ignore[arg-type]
+
+    given_up = choose(stuck, status)
+    assert given_up["nodesPerReplica"] is None and given_up["nodesPerReplicaFrom"] is None
+    assert given_up["widthRetryAfter"] == codec.write_time(NOW + 6 * 300)
+    assert events[-1][:2] == ("Warning", "WidthGivenUp") and "back to 9 node(s)" in events[-1][2]
+    rolled_back = Step(Scale(3, 3, blocked_until=NOW + 300), "rolled_back", "ScaleOutRolledBack", "x")
+    assert choose(rolled_back, status)["widthRetryAfter"] == given_up["widthRetryAfter"]
+    # the written width runs again; a plain tick neither gives up again nor chooses 18 before the time
+    after = {"autoscaling": {"decode": {"instances": 3, "serving": 3, **given_up}}}
+    events.clear()
+    held = choose(Step(Scale(3, 3), ""), after, written)
+    assert held["widthHeld"] and "did not come up" in held["widthHeld"], held
+    assert held["widthRetryAfter"] == given_up["widthRetryAfter"] and not events

@@ -56,6 +56,8 @@ class Reason(StrEnum):
     WIDTH_DRAINING = "WidthDraining"
     WIDTH_DRAINED = "WidthDrained"
     WIDTH_ROLLED = "WidthRolled"
+    WIDTH_ROLL_STUCK = "WidthRollStuck"
+    WIDTH_GIVEN_UP = "WidthGivenUp"
     WIDTH_CHOSEN = "WidthChosen"
     WIDER_INSTANCE_RECOMMENDED = "WiderInstanceRecommended"
     # events of the reconciler

@@ -203,7 +203,7 @@ class PoolAutoscalingStatus(StatusObject):
         max_length=32,
         description="Last decision: steady, scale_out, scale_in, draining, drained, cooldown, booting, "
         "budget, min_instances, rolled_back, no_data, or a width change's width_waiting, width_draining, "
-        "width_drained, width_rolling, width_rolled.",
+        "width_drained, width_rolling, width_stuck, width_rolled.",
     )
     message: str = Field(default="", max_length=2048, description="The decision in words, with its numbers.")
     offered_rate: float | None = Field(
@@ -259,6 +259,12 @@ class PoolAutoscalingStatus(StatusObject):
         description="Why the recommended width is not applied yet (autoscaling.widthChanges Apply): "
         "past spec.gpuBudget, one instance serving, a scale-out, drain or width change under way, or "
         "a spec at that width that admission refuses; absent when nothing waits.",
+    )
+    width_retry_after: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="No wider width is chosen before this time (autoscaling.widthChanges Apply): the "
+        "last one chosen did not come up, and the pool went back to nodesPerReplica.",
     )
     nodes_per_replica_from: int | None = Field(
         default=None,

@@ -175,6 +175,17 @@ def read_scale(
     )
 
 
+def read_retry(raw: Mapping[str, Any], now: float, horizon_s: float) -> float | None:
+    """widthRetryAfter, when it is ahead of ``now`` by at most ``horizon_s`` (a tampered far-future
+    time would otherwise hold every width change)."""
+    t = _epoch(raw.get("widthRetryAfter"))
+    return t if t is not None and now < t <= now + horizon_s + 60.0 else None
+
+
+def write_time(t: float | None) -> str | None:
+    return _iso(t)
+
+
 def write_pool(
     scale: Scale, step: Step, decision: PoolDecision, obs: PoolObservation | None
 ) -> dict[str, Any]:

@@ -14,6 +14,10 @@ ready; then each instance still at the old width in turn is taken off the list (
 finishes its requests, and only then is released to the reconciler, which rolls it onto the new
 width; it is listed again once ready. The extra instance goes like any other, when the load lets
 the pool shrink. Without room the same drain comes first, at one instance fewer while each rolls.
+An instance created at the new width that does not come up is rolled back like any scale-out;
+the change then goes on without room (drain first: the cluster may have no nodes to spare). A
+released instance not ready twice the boot time after its release stops the change where it is
+(``width_stuck``): the others keep serving at the old width and no other one drains.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 MIN_DRAIN_S = 30.0  # and the router settled: old router pods may still send until they are replaced
+WIDTH_RETRY_BOOTS = 6  # a chosen width that did not come up is not chosen again for this many bootTimes
 
 
 @dataclass(frozen=True)
@@ -82,10 +87,10 @@ def advance(
     if s.instances > s.serving:
         return _grow(s, want, ready, now, boot_s)
     if s.rolling is not None and want == s.instances:  # growth for load goes first
-        return _roll(s, old_width, ready, idle, now, drain_timeout_s, router_settled)
+        return _roll(s, old_width, ready, idle, now, boot_s, drain_timeout_s, router_settled)
     listed_old = sorted(i for i in old_width if i < s.serving)
     if listed_old and want == s.instances:
-        blocked = s.blocked_until is not None and now < s.blocked_until
+        blocked = s.blocked_until is not None and now < s.blocked_until  # one at the new width failed
         return _widen(s, listed_old, ready if up is None else up, now, room and not blocked)
     if want > s.instances:
         grown = replace(s, instances=want, pending_since=now, last_change=now)
@@ -192,15 +197,23 @@ def _widen(s: Scale, old: list[int], up: Collection[int], now: float, room: bool
 
 def _roll(
     s: Scale, old_width: Collection[int], ready: Collection[int], idle: Collection[int], now: float,
-    timeout_s: float, router_settled: bool,
+    boot_s: float, timeout_s: float, router_settled: bool,
 ) -> Step:  # fmt: skip
     """Instance ``rolling``: drained (idle after the router dropped it, or the timeout), then released
-    to the reconciler, then listed again once it is ready at the new width."""
+    to the reconciler, then listed again once it is ready at the new width. One released and not
+    ready twice the boot time later is reported, again every twice the boot time while it lasts."""
     i = s.rolling
     waited = now - (s.rolling_since if s.rolling_since is not None else now)
     if i is None or i >= s.serving or (i not in old_width and i in ready):
         back = replace(s, rolling=None, released=False, rolling_since=None, last_change=now)
         return Step(back, "width_rolled", "WidthRolled", f"instance {i} back on the router at the new width")
+    if s.released and waited > 2 * boot_s:
+        return Step(
+            replace(s, rolling_since=now), "width_stuck", "WidthRollStuck",
+            f"instance {i} not ready {waited:.0f}s after it was released to roll (bootTime x2); the other "
+            "instances keep serving and nothing more rolls. See the pool's Progressing condition for why it "
+            "does not start",
+        )  # fmt: skip
     if s.released:
         return Step(s, "width_rolling")
     done = waited >= MIN_DRAIN_S and i in idle and router_settled
@@ -217,18 +230,29 @@ def _roll(
     return Step(s, "width_draining")
 
 
+def width_failed(step: Step, old: Collection[int]) -> bool:
+    """The instance a width change waits on did not come up at the new width: released and not ready,
+    or created for it (or for load during it) and rolled back while instances at the old width remain.
+    A width the autoscaler chose is then given up (autoscaling.widthChanges Apply)."""
+    return step.event == "WidthRollStuck" or (step.event == "ScaleOutRolledBack" and bool(old))
+
+
 def width_to_apply(
-    apply: bool, recommended: int | None, running: int, s: Scale, old: Collection[int], fits: bool
-) -> tuple[int | None, str]:
+    apply: bool, recommended: int | None, running: int, s: Scale, old: Collection[int], fits: bool,
+    retry_at: float | None = None, now: float = 0.0,
+) -> tuple[int | None, str]:  # fmt: skip
     """The width to run the pool at from now (autoscaling.widthChanges Apply), or None and why not.
 
     A wider recommendation is taken only while no width change, scale-out or drain is under way,
     with two instances or more listed (one keeps serving while the other drains and rolls) and
-    ``fits`` (the pool's instances at that width inside the GPU budget). The reason is empty when
-    there is nothing to apply: Recommend, no recommendation, or a narrower one (only recommended).
+    ``fits`` (the pool's instances at that width inside the GPU budget), and not before ``retry_at``
+    (a chosen width that did not come up). The reason is empty when there is nothing to apply:
+    Recommend, no recommendation, or a narrower one (only recommended).
     """
     if not apply or recommended is None or recommended <= running:
         return None, ""
+    if retry_at is not None and now < retry_at:
+        return None, f"a wider width did not come up; none is chosen again for {retry_at - now:.0f}s"
     if not fits:
         return None, f"the pool's instances at {recommended} node(s) each would pass spec.gpuBudget"
     if s.rolling is not None or old:

@@ -21,13 +21,14 @@ from moe_operator.api import keys as K
 from moe_operator.api.conditions import Reason
 from moe_operator.api.derived import Pool, pools, world_size
 from moe_operator.api.names import GROUP, PLURAL
+from moe_operator.api.types import parse_duration
 from moe_operator.autoscale import codec, signals
 from moe_operator.autoscale.decide import PoolDecision, PoolPolicy, decide_pool, within_budget
 from moe_operator.autoscale.effective import applied_widths, existing_instances, pool_scales, with_widths
 from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
 from moe_operator.autoscale.prior import resume
-from moe_operator.autoscale.scale import Scale, Step, advance, width_to_apply
+from moe_operator.autoscale.scale import WIDTH_RETRY_BOOTS, Scale, Step, advance, width_failed, width_to_apply
 from moe_operator.control.client import RuntimeAnswerError, RuntimeClient
 from moe_operator.handlers.state import DeploymentState, OperatorState, operator_of
 from moe_operator.handlers.widths import running_spec
@@ -243,6 +244,9 @@ def act(
     )  # fmt: skip
 
 
+WARNINGS = frozenset({Reason.SCALE_OUT_ROLLED_BACK, Reason.DRAIN_TIMED_OUT, Reason.WIDTH_ROLL_STUCK})
+
+
 def report(
     op: OperatorState, body: kopf.Body, logger: kopf.Logger, pool: Pool, step: Step, decision: PoolDecision,
     written: dict[str, Any], widened_before: Any,
@@ -255,7 +259,8 @@ def report(
     for kind, value in (("target", step.scale.instances), ("serving", step.scale.serving)):
         op.metrics.gauge("moe_operator_autoscale_instances", namespace, name, pool, kind).set(value)
     if step.event:
-        kopf.event(body, type="Normal", reason=Reason(step.event).value, message=f"{pool}: {step.message}")
+        kind = "Warning" if Reason(step.event) in WARNINGS else "Normal"
+        kopf.event(body, type=kind, reason=Reason(step.event).value, message=f"{pool}: {step.message}")
         logger.info(f"{name}/{pool}: {step.message}")
     widen = written.get("recommendedNodesPerReplica")
     if widen and widen != widened_before:
@@ -265,17 +270,24 @@ def report(
 
 def choose_width(
     body: kopf.Body, written: MoEDeploymentSpec, spec: MoEDeploymentSpec, status: dict[str, Any],
-    op: OperatorState, pool: Pool, decision: PoolDecision, scale: Scale, old: frozenset[int], others: int,
+    op: OperatorState, pool: Pool, decision: PoolDecision, step: Step, old: frozenset[int], others: int,
+    now: float,
 ) -> dict[str, Any]:  # fmt: skip
     """Status fields for the width the pool runs at (autoscaling.widthChanges Apply): a new choice,
-    with an event, when admission takes the spec at it; none once the pool runs the written width."""
+    with an event, when admission takes the spec at it; none once the pool runs the written width,
+    or once the chosen width did not come up (given up, and not chosen again for a while)."""
     auto, mine = pools(written)[pool].autoscaling, pools(written)[pool].nodes_per_replica
-    running = pools(spec)[pool].nodes_per_replica
+    running, scale = pools(spec)[pool].nodes_per_replica, step.scale
+    pause = WIDTH_RETRY_BOOTS * (parse_duration(auto.boot_time) if auto is not None else 0.0)
+    if running != mine and width_failed(step, old):
+        return give_up_width(body, pool, mine, running, pause, now)
+    raw = (status.get("autoscaling") or {}).get(pool)
+    retry_at = codec.read_retry(raw, now, pause) if isinstance(raw, dict) else None
     recommended = decision.width.nodes if decision.width is not None else None
     apply = auto is not None and auto.width_changes == "Apply"
     wide = decision.width.gpus * max(scale.instances, decision.instances) if decision.width else 0
     fits = spec.gpu_budget is None or others + wide <= spec.gpu_budget  # every instance at that width
-    width, held = width_to_apply(apply, recommended, running, scale, old, fits)
+    width, held = width_to_apply(apply, recommended, running, scale, old, fits, retry_at, now)
     if width is not None:
         # wider than what runs, so never the written width: the other pool's choice comes along
         chosen = {**applied_widths(written, status), pool: width}
@@ -285,10 +297,24 @@ def choose_width(
             kopf.event(body, type="Normal", reason=Reason.WIDTH_CHOSEN.value, message=message)
             return {"nodesPerReplica": width, "nodesPerReplicaFrom": mine, "widthHeld": None}
         held = f"the spec at {width} node(s) per instance fails admission's checks"
-    fields: dict[str, Any] = {"widthHeld": held or None}
+    fields: dict[str, Any] = {"widthHeld": held or None, "widthRetryAfter": codec.write_time(retry_at)}
     if running == mine:  # no choice runs (none, or one the spec's edit ended): none stays in status
         fields.update(nodesPerReplica=None, nodesPerReplicaFrom=None)
     return fields
+
+
+def give_up_width(
+    body: kopf.Body, pool: Pool, mine: int, running: int, pause: float, now: float
+) -> dict[str, Any]:
+    """The chosen width did not come up: the pool goes back to the spec's (each instance at the chosen
+    width rolls back, as a width change), and no wider width is chosen for ``pause`` seconds."""
+    message = (
+        f"{pool}: back to {mine} node(s) per instance: an instance at {running} did not come up; "
+        f"no wider width is chosen for {pause:.0f}s (bootTime x{WIDTH_RETRY_BOOTS})"
+    )
+    kopf.event(body, type="Warning", reason=Reason.WIDTH_GIVEN_UP.value, message=message)
+    retry = codec.write_time(now + pause)
+    return {"nodesPerReplica": None, "nodesPerReplicaFrom": None, "widthHeld": None, "widthRetryAfter": retry}
 
 
 @kopf.timer(GROUP, PLURAL, interval=TICK_S, initial_delay=TICK_S)
@@ -328,7 +354,7 @@ def autoscale_timer(
         before = ((status.get("autoscaling") or {}).get(pool) or {}).get("recommendedNodesPerReplica")
         report(op, body, logger, pool, step, decision, updates[pool], before)
         others = held_gpus(spec, policies, scales, decisions, widths, leave_out=pool) + committed
-        fields = choose_width(body, written, spec, status, op, pool, decision, step.scale, view[0], others)
+        fields = choose_width(body, written, spec, status, op, pool, decision, step, view[0], others, now)
         updates[pool].update(fields)
         if step.scale != scales[pool]:
             op.wakeups.mark(key)
