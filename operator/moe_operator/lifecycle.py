@@ -177,12 +177,17 @@ def decide(group: GroupState, now: datetime, may_roll: bool) -> GroupDecision:
     return GroupDecision("none")
 
 
+def changes_width(group: GroupState, now: datetime) -> bool:
+    """Moved only because its width changed, and otherwise whole (its nodes free or not)."""
+    healthy = broken_reason(replace(group, moved=False), now) is None
+    return group.moved and bool(group.resized_to) and healthy
+
+
 def rolls_to_new_width(group: GroupState, now: datetime) -> bool:
     """Moved only because its width changed, onto free nodes, with no other instance waiting for its
     nodes, and otherwise whole: it may wait its turn."""
-    healthy = broken_reason(replace(group, moved=False), now) is None
     free = not group.new_nodes_busy and not group.in_the_way
-    return group.moved and bool(group.resized_to) and free and healthy
+    return changes_width(group, now) and free
 
 
 def formed(group: GroupState) -> bool:

@@ -167,7 +167,7 @@ def test_spec_rolls_one_instance_at_a_time() -> None:
 def test_an_autoscaled_width_change_rolls_only_the_instance_the_autoscaler_drained() -> None:
     """Instances the router lists (or a scale-in drains) wait for the width change's drain; one past
     them (booting) rolls as before, and so does one that never formed its world (pending); a width
-    change that cannot wait still restarts at once."""
+    change that cannot wait (its new nodes busy, or in another's way) waits for the drain as well."""
     formed = [
         replace(_group(i, members=frozenset({f"u{i}-0", f"u{i}-1"})), moved=True, resized_to=4)
         for i in range(3)
@@ -184,9 +184,16 @@ def test_an_autoscaled_width_change_rolls_only_the_instance_the_autoscaler_drain
     pending = replace(_group(0, ready=False, phase="Pending"), moved=True, resized_to=4)
     assert [r.group.index for r in group_actions([pending, formed[1]], NOW, nodes={"n0"},
                                                   gates={"decode": WidthGate(2)}).restarts] == [0]  # fmt: skip
-    busy = [replace(formed[0], new_nodes_busy=True), formed[1]]
-    forced = group_actions(busy, NOW, nodes={"n0"}, gates={"decode": WidthGate(2)})
+    # one whose new nodes another instance runs, and the one in its way, wait for their drain too:
+    # in a full cluster the width change goes on only as the autoscaler releases them
+    busy = [replace(formed[0], new_nodes_busy=True), replace(formed[1], in_the_way=True)]
+    assert group_actions(busy, NOW, nodes={"n0"}, gates={"decode": WidthGate(2)}).restarts == []
+    forced = group_actions(busy, NOW, nodes={"n0"}, gates={"decode": WidthGate(2, 0)})
     assert [(r.group.index, r.reason) for r in forced.restarts] == [(0, Reason.GROUP_RESTARTING)]
+    assert "onto nodes other instances still run" in forced.restarts[0].message
+    # without the autoscaler (no gate) both restart at once, as before
+    ungated = group_actions(busy, NOW, nodes={"n0"})
+    assert sorted(r.group.index for r in ungated.restarts) == [0, 1]
     other_pool = group_actions(formed[:2], NOW, nodes={"n0"}, gates={"prefill": WidthGate(2)})
     assert [r.group.index for r in other_pool.restarts] == [0]  # the gate is per pool
 
@@ -441,3 +448,40 @@ def test_a_group_another_instance_is_planned_onto_is_in_the_way() -> None:
     assert (one.in_the_way, one.new_nodes_busy) == (False, True)
     apart = group_states(spec, "m", objects, pods, TWO_CLIQUE_PLAN)  # each narrows onto its own nodes
     assert not any(g.in_the_way or g.new_nodes_busy for g in apart)
+
+
+def test_a_serving_instance_the_new_width_leaves_no_room_for_keeps_its_group_until_released() -> None:
+    """Six nodes, two autoscaled instances of two nodes widened to four: the plan places instance 0
+    and leaves instance 1 waiting. Instance 1 still serves at its old width, so its group is not
+    pruned until the autoscaler drained and released it; a pool without the autoscaler, a node that
+    is gone, or an instance that is not listed changes nothing."""
+    from moe_operator.reconcile.children import ChildChanges, keep_instances
+    from moe_operator.reconcile.groups import kept_while_waiting
+    from moe_operator.topology.planner import InstanceSite, PoolRequest, TopologyPolicy, plan_topology
+    from moe_operator.topology.snapshot import NodeInfo
+
+    zone = "topology.kubernetes.io/zone"
+    nodes = [NodeInfo(f"n{i}", {zone: "z"}, 8) for i in range(6)]
+    before = [InstanceSite("decode", i, "rack", zone, "z", (f"n{2 * i}", f"n{2 * i + 1}")) for i in range(2)]
+    plan = plan_topology([PoolRequest("decode", 2, 4, 8)], nodes, TopologyPolicy(nvlink_label=None), before)
+    assert [w.key for w in plan.waiting] == [("decode", 1)]
+    names = {n.name for n in nodes}
+
+    def kept(gates: dict[str, WidthGate], exist: set[str] = names) -> frozenset[tuple[str, int]]:
+        return kept_while_waiting(plan.waiting, gates, before, {"decode": 4}, exist)
+
+    assert kept({"decode": WidthGate(2)}) == {("decode", 1)}
+    assert kept({"decode": WidthGate(2, 1)}) == frozenset()  # drained and released: it may go
+    assert kept({"decode": WidthGate(1)}) == frozenset()  # not listed (booting or beyond the list)
+    assert kept({}) == frozenset()  # not autoscaled: as before
+    assert kept({"decode": WidthGate(2)}, names - {"n3"}) == frozenset()  # its node is gone
+    assert (
+        kept_while_waiting(plan.waiting, {"decode": WidthGate(2)}, before, {"decode": 2}, names)
+        == frozenset()
+    )
+
+    prune = [("StatefulSet", "m-decode-1"), ("Service", "m-decode-1"), ("ComputeDomain", "m-decode-1-cd"),
+             ("StatefulSet", "m-decode-7")]  # fmt: skip
+    left = keep_instances(ChildChanges(prune=prune), {("decode", 1)}, "m")
+    assert left.prune == [("StatefulSet", "m-decode-7")]
+    assert keep_instances(ChildChanges(prune=prune), frozenset(), "m").prune == prune

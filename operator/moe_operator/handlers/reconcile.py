@@ -42,8 +42,14 @@ from moe_operator.reconcile.backend import (
     recorded_group_backend,
     resolve_group_backend,
 )
-from moe_operator.reconcile.children import ChildChanges, api_version, child_key, diff_children
-from moe_operator.reconcile.groups import GroupActions, WidthGate, group_actions
+from moe_operator.reconcile.children import (
+    ChildChanges,
+    api_version,
+    child_key,
+    diff_children,
+    keep_instances,
+)
+from moe_operator.reconcile.groups import GroupActions, WidthGate, group_actions, kept_while_waiting
 from moe_operator.reconcile.observe import group_states, node_snapshot, previous_sites, trusted_pods
 from moe_operator.reconcile.status import Event, compute_status, ready_event, status_changed, stop_status
 from moe_operator.reconcile.token import key_of, owned_by
@@ -147,7 +153,9 @@ def _steps(t: Target) -> None:
     pods = trusted_pods(t.pods(), group_objects, t.owner.name)
     recent = t.state.recently_applied(time.time())  # by earlier reconciles: before this one applies
     changes = diff_children(desired, observed, recent, pods)
-    apply_and_prune(t, changes)
+    apply_and_prune(
+        t, keep_instances(changes, kept_groups(t, spec, plan, gates, group_objects), t.owner.name)
+    )
     workloads = [o for o in desired if o["kind"] == backend]
     hashes = {o["metadata"]["name"]: o["metadata"]["annotations"][K.TEMPLATE_HASH] for o in workloads}
     settled = {
@@ -166,6 +174,16 @@ def _steps(t: Target) -> None:
         actions.restarting, router["status"] if router else None, t.now, backend,
     )  # fmt: skip
     write_status(t, desired_status, posted)
+
+
+def kept_groups(
+    t: Target, spec: MoEDeploymentSpec, plan: TopologyPlan, gates: dict[str, WidthGate],
+    group_objects: list[dict[str, Any]],
+) -> frozenset[tuple[str, int]]:  # fmt: skip
+    """Serving instances of autoscaled pools the plan cannot place at a new width: not pruned."""
+    widths = {r.pool: r.nodes_per_instance for r in pool_requests(spec)}
+    previous = previous_sites(group_objects, t.owner.name)
+    return kept_while_waiting(plan.waiting, gates, previous, widths, t.indexes["node_index"])
 
 
 def width_gate(scale: Scale) -> WidthGate:

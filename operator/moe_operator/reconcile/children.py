@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from moe_operator.api import keys as K
 from moe_operator.reconcile.observe import recorded_site
 from moe_operator.render.compute_domain import COMPUTE_DOMAIN_API_VERSION
 from moe_operator.render.group import LWS_API_VERSION
+from moe_operator.render.labels import instance_name
 
 ChildKey = tuple[str, str]  # (kind, name)
 
@@ -124,3 +125,13 @@ def _width(annotations: Mapping[str, Any]) -> int | None:
         return None if site is None else len(site["nodes"])
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def keep_instances(changes: ChildChanges, kept: Collection[tuple[str, int]], name: str) -> ChildChanges:
+    """``changes`` without pruning the objects of ``kept`` instances (groups.kept_while_waiting) nor,
+    while any is kept, a ComputeDomain (the kept group may still run in one)."""
+    if not kept:
+        return changes
+    names = {instance_name(name, pool, index) for pool, index in kept}
+    prune = [k for k in changes.prune if k[1] not in names and k[0] != "ComputeDomain"]
+    return replace(changes, prune=prune)

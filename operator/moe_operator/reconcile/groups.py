@@ -13,12 +13,14 @@ from datetime import datetime
 from moe_operator.api.conditions import Reason
 from moe_operator.lifecycle import (
     GroupState,
+    changes_width,
     decide,
     formed,
     pool_may_roll,
     restarts_after,
     rolls_to_new_width,
 )
+from moe_operator.topology.planner import InstanceSite, Waiting
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,10 @@ class WidthGate:
     held: int
     released: int | None = None
 
+    def holds(self, group: GroupState) -> bool:
+        """A group of the first ``held`` that formed its world (it may serve), not the released one."""
+        return group.index < self.held and bool(group.members) and group.index != self.released
+
 
 def group_actions(
     groups: Sequence[GroupState],
@@ -64,15 +70,20 @@ def group_actions(
     groups = width_changes(groups, nodes)
     for pool in sorted({g.pool for g in groups}):
         mine = sorted((g for g in groups if g.pool == pool), key=lambda g: g.index)
+        gate = (gates or {}).get(pool)
+        # an autoscaled pool's instances that served at their old width change it only once drained
+        # and released, even one whose new nodes another instance runs (or in another's way)
+        held = {g.index for g in mine if gate is not None and gate.holds(g) and changes_width(g, now)}
         # groups that restart whatever the roll does (broken, or width changes that cannot wait) are
         # this pass's instances down: the roll goes on once they are ready again
-        rolled = any(decide(g, now, False).action == "restart" for g in mine)
+        rolled = any(decide(g, now, False).action == "restart" for g in mine if g.index not in held)
         for g in mine:
+            if g.index in held:
+                continue
             # an instance that is not ready serves nothing: rolling it costs no capacity
             may = pool_may_roll(mine, g)
-            gate = (gates or {}).get(pool)
-            if gate is not None and g.index < gate.held and g.members and rolls_to_new_width(g, now):
-                may = g.index == gate.released  # drained first: the autoscaler saw the others up
+            if gate is not None and g.index == gate.released and g.members and rolls_to_new_width(g, now):
+                may = True  # drained first: the autoscaler saw the others up
             decision = decide(g, now, not rolled and may)
             if decision.action == "none":
                 continue
@@ -101,3 +112,23 @@ def width_changes(groups: Sequence[GroupState], nodes: Collection[str]) -> list[
             g = replace(g, resized_to=0)
         out.append(g)
     return out
+
+
+def kept_while_waiting(
+    waiting: Sequence[Waiting],
+    gates: Mapping[str, WidthGate],
+    previous: Sequence[InstanceSite],
+    widths: Mapping[str, int],
+    nodes: Collection[str],
+) -> frozenset[tuple[str, int]]:
+    """Instances of an autoscaled pool the plan cannot place at their new width (a full cluster) that
+    still run at the old one on nodes that exist, listed or draining and not released: their group
+    stays until the autoscaler drains and releases them. Deleting it would drop what they serve."""
+    out = set()
+    for w in waiting:
+        gate, site = gates.get(w.pool), next((p for p in previous if p.key == w.key), None)
+        if gate is None or site is None or not w.index < gate.held or w.index == gate.released:
+            continue
+        if len(site.nodes) != widths.get(w.pool) and all(n in nodes for n in site.nodes):
+            out.add(w.key)
+    return frozenset(out)
