@@ -13,6 +13,8 @@ status.autoscaling lists as serving, and sends nothing to the others.
   requests and rolls onto four nodes, one at a time, and the KV pressure is gone.
 - A person widens a pool with room for one more instance -> a wide instance serves before the
   narrow one leaves the router.
+- A person widens a pool in a cluster with no nodes to spare -> no instance the router lists is
+  restarted or deleted: the one released waits for nodes (WidthRollStuck) until the width is set back.
 """
 
 from __future__ import annotations
@@ -362,3 +364,84 @@ def test_a_width_change_with_room_serves_at_the_new_width_before_the_narrow_inst
         assert any(e.startswith("WidthDrained") and "finished its requests" in e for e in said), said
         assert min(fewest) >= 1 and sum("rolling from 2 to 4 nodes" in e for e in said) == 1, said
         assert router.lost == {f"{name}-decode-0": 0}, router.lost  # nothing running or queued when it went
+
+
+def test_a_width_change_in_a_full_cluster_drains_each_instance_and_deletes_none_it_lists(
+    api: httpx.Client, deployed: str, moe_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Eight nodes for the deployment (a label only they carry): prefill takes four, two two-node
+    decode instances the other four, and maxReplicas leaves no room. nodesPerReplica 2 -> 4: the
+    plan puts instance 0 onto its own and instance 1's nodes and has none for instance 1. Instance 1
+    keeps its group and its leader, and stays listed, while instance 0 drains, is released and waits
+    for nodes (WidthRollStuck, a Warning); setting the width back rolls instance 0 back, and nothing
+    an engine ran was lost."""
+    label, nodes = "moe.test/full-cluster", [f"h100-{i:03d}" for i in range(24, 32)]  # one rack
+    obj, narrow, _ = _two_node_decode()
+    name = obj["metadata"]["name"]
+    obj["spec"]["decode"]["replicas"] = 2
+    obj["spec"]["topology"]["nodeSelector"] = {label: deployed}
+    merge = {"Content-Type": "application/merge-patch+json"}
+
+    def mark(value: str | None) -> None:
+        for node in nodes:
+            body = {"metadata": {"labels": {label: value}}}
+            assert api.patch(f"/api/v1/nodes/{node}", json=body, headers=merge).status_code == 200
+
+    def busy() -> list[str]:
+        pods = api.get("/api/v1/pods", params={"fieldSelector": "status.phase!=Succeeded"}).json()["items"]
+        return [p["metadata"]["name"] for p in pods if p["spec"].get("nodeName") in nodes]
+
+    wait_for(lambda: not busy(), 120, interval=2, what="the eight nodes free of earlier tests' pods")
+    mark(deployed)
+    engine = {
+        "model": "deepseek-v3", "gpus": 16, "gpus_per_node": 8, "redundant": 32, "role": "decode",
+        "flags": {"kv-tokens": narrow},
+    }  # fmt: skip
+    try:
+        assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
+        router = Router(api, deployed, name, "decode", tmp_path, engine, rate=3.0)
+        first, second = f"{name}-decode-0", f"{name}-decode-1"
+        with playing(router, moe_operator):
+            wait_for(lambda: router.play().get("serving") == 2 and router.play().get("latency"), 180,
+                     interval=1, what="two instances serving")  # fmt: skip
+            leader = router.uids[second]
+            r = api.patch(
+                moed_path(deployed, name), json={"spec": {"decode": {"nodesPerReplica": 4}}}, headers=merge
+            )
+            assert r.status_code == 200, r.text
+            router.timeline.append(
+                f"t={time.monotonic() - router.start:5.1f}s --- nodesPerReplica 2 -> 4 ---"
+            )
+
+            def stuck() -> bool:
+                st = router.play()
+                assert router.uids[second] == leader, "instance 1's leader was replaced while listed"
+                assert st.get("rollingInstance") in (None, 0), st  # instance 1 never leaves the list
+                return any(e.startswith("WidthRollStuck") for e in router.events())
+
+            wait_for(stuck, 240, interval=1, what="instance 0 released, then reported not coming up")
+            said = router.events()
+            assert any(e.startswith("WidthDrained") and "finished its requests" in e for e in said), said
+            assert not any(e.startswith("GroupRestarting") and "instance 1" in e for e in said), said
+            warnings = api.get(
+                f"/api/v1/namespaces/{deployed}/events", params={"fieldSelector": "type=Warning"}
+            ).json()["items"]
+            assert any(e["reason"] == "WidthRollStuck" for e in warnings), [e["reason"] for e in warnings]
+            # set back: instance 0 rolls back to two nodes and serves again beside instance 1
+            r = api.patch(
+                moed_path(deployed, name), json={"spec": {"decode": {"nodesPerReplica": 2}}}, headers=merge
+            )
+            assert r.status_code == 200, r.text
+            router.timeline.append(
+                f"t={time.monotonic() - router.start:5.1f}s --- nodesPerReplica 4 -> 2 ---"
+            )
+
+            def both_back() -> bool:
+                st = router.play()
+                assert router.uids[second] == leader, "instance 1's leader was replaced while listed"
+                return st.get("serving") == 2 and st.get("rollingInstance") is None and first in router.lost
+
+            wait_for(both_back, 180, interval=1, what="instance 0 back at two nodes and listed")
+            assert router.lost == {first: 0}, router.lost  # drained before it went; instance 1 never went
+    finally:
+        mark(None)

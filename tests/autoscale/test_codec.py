@@ -164,3 +164,15 @@ def test_a_width_roll_round_trips_and_a_tampered_one_is_dropped() -> None:
     assert not read(rollingInstance=None).released
     draining = read(reason="draining", instances=3, serving=2, pendingSince=codec._iso(NOW))
     assert draining.draining and draining.rolling is None  # never both at once
+
+
+def test_width_blocked_is_read_as_instance_indexes_only() -> None:
+    def pools(value: object) -> dict[str, object]:
+        return {"pools": {"decode": {"widthBlocked": value}}}
+
+    assert codec.read_blocked(pools([0, 3]), "decode") == {0, 3}
+    assert codec.read_blocked(pools([True, -1, 256, "1", 2.0, 5]), "decode") == {5}
+    assert codec.read_blocked(pools("0,1"), "decode") == frozenset()
+    assert codec.read_blocked(pools([1]), "prefill") == frozenset()
+    assert codec.read_blocked({"pools": []}, "decode") == frozenset()
+    assert codec.read_blocked({}, "decode") == frozenset()

@@ -189,8 +189,8 @@ def test_an_autoscaled_width_change_rolls_only_the_instance_the_autoscaler_drain
     busy = [replace(formed[0], new_nodes_busy=True), replace(formed[1], in_the_way=True)]
     assert group_actions(busy, NOW, nodes={"n0"}, gates={"decode": WidthGate(2)}).restarts == []
     forced = group_actions(busy, NOW, nodes={"n0"}, gates={"decode": WidthGate(2, 0)})
-    assert [(r.group.index, r.reason) for r in forced.restarts] == [(0, Reason.GROUP_RESTARTING)]
-    assert "onto nodes other instances still run" in forced.restarts[0].message
+    assert [(r.group.index, r.reason) for r in forced.restarts] == [(0, Reason.ROLLING_OUT)]
+    assert "drained first" in forced.restarts[0].message and forced.restarts[0].restarts == 0  # not a failure
     # without the autoscaler (no gate) both restart at once, as before
     ungated = group_actions(busy, NOW, nodes={"n0"})
     assert sorted(r.group.index for r in ungated.restarts) == [0, 1]
@@ -448,6 +448,18 @@ def test_a_group_another_instance_is_planned_onto_is_in_the_way() -> None:
     assert (one.in_the_way, one.new_nodes_busy) == (False, True)
     apart = group_states(spec, "m", objects, pods, TWO_CLIQUE_PLAN)  # each narrows onto its own nodes
     assert not any(g.in_the_way or g.new_nodes_busy for g in apart)
+    # instance 0 left out of the plan but kept (it still serves): its nodes are busy for instance 1
+    only_one = replace(plan, sites=plan.sites[1:], waiting=(Waiting("decode", 0, "WaitingForCapacity", ""),))
+    assert [g.index for g in group_states(spec, "m", objects, pods, only_one)] == [1]
+    assert not group_states(spec, "m", objects, pods, only_one)[0].new_nodes_busy  # left out: being removed
+    (kept_one,) = group_states(spec, "m", objects, pods, only_one, kept={("decode", 0)})
+    assert kept_one.new_nodes_busy
+    # status: a width change cannot roll instance 1 (busy) nor instance 0 (no nodes planned)
+    status = compute_status(
+        spec, "m", "ns", 3, {}, only_one, [kept_one], {}, {"replicas": 1, "readyReplicas": 1}, NOW
+    )
+    assert status["pools"]["decode"]["widthBlocked"] == [0, 1]
+    assert _status(TWO_CLIQUE_PLAN, [_group(0), _group(1)])["pools"]["decode"]["widthBlocked"] == []
 
 
 def test_a_serving_instance_the_new_width_leaves_no_room_for_keeps_its_group_until_released() -> None:
@@ -467,18 +479,28 @@ def test_a_serving_instance_the_new_width_leaves_no_room_for_keeps_its_group_unt
     assert [w.key for w in plan.waiting] == [("decode", 1)]
     names = {n.name for n in nodes}
 
-    def kept(gates: dict[str, WidthGate], exist: set[str] = names) -> frozenset[tuple[str, int]]:
-        return kept_while_waiting(plan.waiting, gates, before, {"decode": 4}, exist)
+    pods = [
+        {"pool": "decode", "instance": i, "rank": r, "phase": "Running", "ready": True, "restarts": 0,
+         "node": f"n{2 * i + r}", "deleting": False}
+        for i in range(2) for r in range(2)
+    ]  # fmt: skip
+
+    def kept(
+        gates: dict[str, WidthGate], exist: set[str] = names, ranks: list[dict[str, Any]] = pods
+    ) -> frozenset[tuple[str, int]]:
+        return kept_while_waiting(plan.waiting, gates, before, {"decode": 4}, ranks, exist)
 
     assert kept({"decode": WidthGate(2)}) == {("decode", 1)}
     assert kept({"decode": WidthGate(2, 1)}) == frozenset()  # drained and released: it may go
     assert kept({"decode": WidthGate(1)}) == frozenset()  # not listed (booting or beyond the list)
     assert kept({}) == frozenset()  # not autoscaled: as before
     assert kept({"decode": WidthGate(2)}, names - {"n3"}) == frozenset()  # its node is gone
-    assert (
-        kept_while_waiting(plan.waiting, {"decode": WidthGate(2)}, before, {"decode": 2}, names)
-        == frozenset()
-    )
+    same = kept_while_waiting(plan.waiting, {"decode": WidthGate(2)}, before, {"decode": 2}, pods, names)
+    assert same == frozenset()  # not a width change
+    # one that breaks (a rank restarted, or missing) goes as before: it serves nothing whole
+    restarted = [dict(p, restarts=1) if (p["instance"], p["rank"]) == (1, 1) else p for p in pods]
+    assert kept({"decode": WidthGate(2)}, ranks=restarted) == frozenset()
+    assert kept({"decode": WidthGate(2)}, ranks=pods[:3]) == frozenset()
 
     prune = [("StatefulSet", "m-decode-1"), ("Service", "m-decode-1"), ("ComputeDomain", "m-decode-1-cd"),
              ("StatefulSet", "m-decode-7")]  # fmt: skip

@@ -86,6 +86,13 @@ class PoolStatus(StatusObject):
         description="Instances on their way up, with the start-up phase their leader's engine is in (read "
         "from SGLang's own log by the runtime): a slow start shows as progress here.",
     )
+    width_blocked: list[int] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Instances a width change cannot roll yet: their group at the new width would land on "
+        "nodes another instance still runs, or the plan has no nodes for them. An autoscaled pool drains "
+        "the others first.",
+    )
 
 
 class PoolsStatus(StatusObject):

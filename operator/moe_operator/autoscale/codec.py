@@ -182,6 +182,18 @@ def read_retry(raw: Mapping[str, Any], now: float, horizon_s: float) -> float | 
     return t if t is not None and now < t <= now + horizon_s + 60.0 else None
 
 
+def read_blocked(status: Mapping[str, Any], pool: str) -> frozenset[int]:
+    """status.pools.<pool>.widthBlocked (the reconciler's): instance indexes, anything else dropped."""
+    pools = status.get("pools")
+    raw = (pools.get(pool) if isinstance(pools, Mapping) else None) or {}
+    items = raw.get("widthBlocked") if isinstance(raw, Mapping) else None
+    if not isinstance(items, list):
+        return frozenset()
+    return frozenset(
+        i for i in items[:256] if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 256
+    )
+
+
 def write_time(t: float | None) -> str | None:
     return _iso(t)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
 MIN_DRAIN_S = 30.0  # and the router settled: old router pods may still send until they are replaced
 WIDTH_RETRY_BOOTS = 6  # a chosen width that did not come up is not chosen again for this many bootTimes
@@ -69,6 +70,7 @@ def advance(
     old_width: Collection[int] = (),
     room: bool = False,
     up: Collection[int] | None = None,
+    blocked: Collection[int] = (),
 ) -> Step:
     """One tick: ``want`` is the decision's size and ``need`` what the load needs (a drain is
     cancelled only when the load needs the instance back; None: no data, nothing is cancelled);
@@ -77,7 +79,8 @@ def advance(
     ``old_width``: instances whose group still runs another width than the spec's; ``room``: one
     more instance fits the pool's bounds and the budget (a width change then creates one at the
     new width first); ``up``: the instances with every rank of their group's width ready (default
-    ``ready``, which counts only the new width's)."""
+    ``ready``, which counts only the new width's); ``blocked``: instances a width change cannot roll
+    yet (their new nodes busy, or none planned): the others at the old width drain first."""
     if s.blocked_until is not None and now < s.blocked_until:
         want = min(want, s.instances)
     if s.draining:
@@ -90,8 +93,9 @@ def advance(
         return _roll(s, old_width, ready, idle, now, boot_s, drain_timeout_s, router_settled)
     listed_old = sorted(i for i in old_width if i < s.serving)
     if listed_old and want == s.instances:
-        blocked = s.blocked_until is not None and now < s.blocked_until  # one at the new width failed
-        return _widen(s, listed_old, ready if up is None else up, now, room and not blocked)
+        paused = s.blocked_until is not None and now < s.blocked_until  # one at the new width failed
+        first = [i for i in listed_old if i not in blocked] + [i for i in listed_old if i in blocked]
+        return _widen(s, first, ready if up is None else up, now, room and not paused)
     if want > s.instances:
         grown = replace(s, instances=want, pending_since=now, last_change=now)
         return Step(
@@ -163,8 +167,8 @@ def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float
 
 def _widen(s: Scale, old: list[int], up: Collection[int], now: float, room: bool) -> Step:
     """The next step of a width change: an instance at the new width first (when none serves yet
-    and there is room), then the first instance at the old width off the list once every listed
-    one is up."""
+    and there is room), then the first of ``old`` (in the order to drain them) off the list once
+    every listed one is up."""
     if room and len(old) == s.serving:
         grown = replace(s, instances=s.instances + 1, pending_since=now, last_change=now)
         return Step(
@@ -230,11 +234,11 @@ def _roll(
     return Step(s, "width_draining")
 
 
-def width_failed(step: Step, old: Collection[int]) -> bool:
-    """The instance a width change waits on did not come up at the new width: released and not ready,
-    or created for it (or for load during it) and rolled back while instances at the old width remain.
-    A width the autoscaler chose is then given up (autoscaling.widthChanges Apply)."""
-    return step.event == "WidthRollStuck" or (step.event == "ScaleOutRolledBack" and bool(old))
+def width_failed(step: Step) -> bool:
+    """An instance released to roll onto the new width did not come up: a width the autoscaler chose
+    is then given up (autoscaling.widthChanges Apply). An extra instance created for the change that
+    is rolled back is not (the cluster may only lack a node to spare: the change goes on drain first)."""
+    return step.event == "WidthRollStuck"
 
 
 def width_to_apply(
@@ -252,7 +256,8 @@ def width_to_apply(
     if not apply or recommended is None or recommended <= running:
         return None, ""
     if retry_at is not None and now < retry_at:
-        return None, f"a wider width did not come up; none is chosen again for {retry_at - now:.0f}s"
+        at = datetime.fromtimestamp(retry_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return None, f"a wider width did not come up; none is chosen again before {at} (widthRetryAfter)"
     if not fits:
         return None, f"the pool's instances at {recommended} node(s) each would pass spec.gpuBudget"
     if s.rolling is not None or old:

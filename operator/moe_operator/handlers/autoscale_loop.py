@@ -230,17 +230,18 @@ def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int, off:
 def act(
     spec: MoEDeploymentSpec, pool: Pool, policy: PoolPolicy, scale: Scale, decision: PoolDecision,
     pods: list[dict[str, Any]], samples: Samples, router: dict[str, Any] | None, now: float,
-    view: tuple[frozenset[int], frozenset[int]], room: bool,
+    view: tuple[frozenset[int], frozenset[int], frozenset[int]], room: bool,
 ) -> Step:  # fmt: skip
-    """``view``: width_view's (old, up) for the pool."""
+    """``view``: width_view's (old, up) for the pool, and its instances the reconciler says a width
+    change cannot roll yet."""
     ready = ready_instances(spec, pods, pool)
     need = None if decision.reason == "no_data" else decision.need  # no data cancels nothing
     settled = router_settled(router, pool, scale.serving, scale.rolling)
     quiet = idle(samples.get(pool, {}))
-    old, up = view
+    old, up, blocked = view
     return advance(
         scale, decision.instances, need, ready, quiet, now, policy.boot_s, policy.drain_timeout_s, settled,
-        old, room, up,
+        old, room, up, blocked,
     )  # fmt: skip
 
 
@@ -279,7 +280,7 @@ def choose_width(
     auto, mine = pools(written)[pool].autoscaling, pools(written)[pool].nodes_per_replica
     running, scale = pools(spec)[pool].nodes_per_replica, step.scale
     pause = WIDTH_RETRY_BOOTS * (parse_duration(auto.boot_time) if auto is not None else 0.0)
-    if running != mine and width_failed(step, old):
+    if running != mine and width_failed(step):
         return give_up_width(body, pool, mine, running, pause, now)
     raw = (status.get("autoscaling") or {}).get(pool)
     retry_at = codec.read_retry(raw, now, pause) if isinstance(raw, dict) else None
@@ -346,7 +347,7 @@ def autoscale_timer(
     widths, committed = running_widths(body, kwargs), 0
     for pool, (decision, obs) in decided.items():
         room = surge_room(spec, policies, scales, decisions, widths, pool, committed)
-        view = width_view(spec, pods, pool, widths)
+        view = (*width_view(spec, pods, pool, widths), codec.read_blocked(status, pool))
         step = act(spec, pool, policies[pool], scales[pool], decision, pods, samples, router, now, view, room)
         extra = step.scale.instances - max(scales[pool].instances, decision.instances)
         committed += max(0, extra) * policies[pool].width.gpus  # a width change's extra instance

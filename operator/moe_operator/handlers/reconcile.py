@@ -153,9 +153,8 @@ def _steps(t: Target) -> None:
     pods = trusted_pods(t.pods(), group_objects, t.owner.name)
     recent = t.state.recently_applied(time.time())  # by earlier reconciles: before this one applies
     changes = diff_children(desired, observed, recent, pods)
-    apply_and_prune(
-        t, keep_instances(changes, kept_groups(t, spec, plan, gates, group_objects), t.owner.name)
-    )
+    kept = kept_groups(t, spec, plan, gates, group_objects, pods)
+    apply_and_prune(t, keep_instances(changes, kept, t.owner.name))
     workloads = [o for o in desired if o["kind"] == backend]
     hashes = {o["metadata"]["name"]: o["metadata"]["annotations"][K.TEMPLATE_HASH] for o in workloads}
     settled = {
@@ -164,7 +163,7 @@ def _steps(t: Target) -> None:
         if recent.get(child_key(o)) == o["metadata"]["annotations"][K.SPEC_HASH]
     }
     groups = group_states(
-        spec, t.owner.name, group_objects, pods, plan, hashes, read_starts(t, pods), settled
+        spec, t.owner.name, group_objects, pods, plan, hashes, read_starts(t, pods), settled, kept
     )
     actions = group_actions(groups, t.now, t.indexes["node_index"], gates)
     posted = act_on_groups(t, actions, changes, backend)
@@ -178,12 +177,12 @@ def _steps(t: Target) -> None:
 
 def kept_groups(
     t: Target, spec: MoEDeploymentSpec, plan: TopologyPlan, gates: dict[str, WidthGate],
-    group_objects: list[dict[str, Any]],
+    group_objects: list[dict[str, Any]], pods: list[dict[str, Any]],
 ) -> frozenset[tuple[str, int]]:  # fmt: skip
     """Serving instances of autoscaled pools the plan cannot place at a new width: not pruned."""
     widths = {r.pool: r.nodes_per_instance for r in pool_requests(spec)}
     previous = previous_sites(group_objects, t.owner.name)
-    return kept_while_waiting(plan.waiting, gates, previous, widths, t.indexes["node_index"])
+    return kept_while_waiting(plan.waiting, gates, previous, widths, pods, t.indexes["node_index"])
 
 
 def width_gate(scale: Scale) -> WidthGate:

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import Any
 
 from moe_operator.api.conditions import Reason
 from moe_operator.lifecycle import (
+    GroupDecision,
     GroupState,
     changes_width,
     decide,
@@ -82,9 +84,17 @@ def group_actions(
                 continue
             # an instance that is not ready serves nothing: rolling it costs no capacity
             may = pool_may_roll(mine, g)
-            if gate is not None and g.index == gate.released and g.members and rolls_to_new_width(g, now):
+            released = gate is not None and g.index == gate.released and bool(g.members)
+            if released and rolls_to_new_width(g, now):
                 may = True  # drained first: the autoscaler saw the others up
             decision = decide(g, now, not rolled and may)
+            if released and changes_width(g, now) and not rolls_to_new_width(g, now):
+                # drained first, so a roll, not a failure: its new nodes free up as the others roll
+                decision = GroupDecision(
+                    "restart", Reason.ROLLING_OUT,
+                    f"{pool} instance {g.index}: rolling from {g.nnodes} to {g.resized_to} nodes, drained "
+                    "first; it starts once another instance leaves its new nodes",
+                )  # fmt: skip
             if decision.action == "none":
                 continue
             reason = Reason(decision.reason)
@@ -119,16 +129,22 @@ def kept_while_waiting(
     gates: Mapping[str, WidthGate],
     previous: Sequence[InstanceSite],
     widths: Mapping[str, int],
+    pods: Sequence[Mapping[str, Any]],
     nodes: Collection[str],
 ) -> frozenset[tuple[str, int]]:
     """Instances of an autoscaled pool the plan cannot place at their new width (a full cluster) that
-    still run at the old one on nodes that exist, listed or draining and not released: their group
-    stays until the autoscaler drains and releases them. Deleting it would drop what they serve."""
+    still run whole at the old one (every rank running and ready, none restarted, on nodes that
+    exist), listed or draining and not released: their group stays until the autoscaler drains and
+    releases them. Deleting it would drop what they serve; one that breaks goes as before."""
     out = set()
     for w in waiting:
         gate, site = gates.get(w.pool), next((p for p in previous if p.key == w.key), None)
         if gate is None or site is None or not w.index < gate.held or w.index == gate.released:
             continue
-        if len(site.nodes) != widths.get(w.pool) and all(n in nodes for n in site.nodes):
+        ranks = [p for p in pods if (p["pool"], p["instance"]) == w.key and not p.get("deleting")]
+        whole = len(ranks) == len(site.nodes) and all(
+            p["phase"] == "Running" and p["ready"] and not p["restarts"] and p["node"] in nodes for p in ranks
+        )
+        if len(site.nodes) != widths.get(w.pool) and whole:
             out.add(w.key)
     return frozenset(out)

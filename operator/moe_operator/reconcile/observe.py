@@ -100,12 +100,15 @@ def group_states(
     desired_hashes: Mapping[str, str] | None = None,
     starts: Mapping[tuple[str, int], StartReport] | None = None,
     settled: Collection[str] = (),
+    kept: Collection[tuple[str, int]] = (),
 ) -> list[GroupState]:
     """One GroupState per existing instance group object (StatefulSet or LeaderWorkerSet) that the
     plan keeps. ``desired_hashes`` (instance name -> pod template hash just rendered) is the
     template the group should run, ahead of what the watch has delivered. ``settled``: group objects
     an earlier reconcile applied as now desired, moments ago: they are at their planned site even
-    while the watch still shows the old one (else a lagging copy would move or roll them again)."""
+    while the watch still shows the old one (else a lagging copy would move or roll them again).
+    ``kept``: instances the plan leaves waiting whose group still runs (groups.kept_while_waiting):
+    no GroupState, but their nodes count as busy for the others."""
     by_instance: dict[tuple[str, int], list[PodState]] = {}
     for pod in pods:
         if pod["deleting"]:
@@ -128,7 +131,7 @@ def group_states(
     out = []
     by_name = {g["name"]: g for g in group_objects}
     specs = pools(spec)
-    planned = {site.key for site in plan.sites}  # instances left out are being removed
+    planned = {site.key for site in plan.sites} | set(kept)  # others left out are being removed
     running_on = {k: {p.node for p in states if p.node} for k, states in by_instance.items() if k in planned}
     planned_on = {site.key: set(site.nodes) for site in plan.sites}
     for site in plan.sites:

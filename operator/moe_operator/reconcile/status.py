@@ -41,8 +41,10 @@ def pool_status(
     groups: Sequence[GroupState],
     restarting: Collection[tuple[str, int]],
     backend: str,
+    waiting: Collection[tuple[str, int]] = (),
 ) -> dict[str, Any]:
-    """status.pools: desired, existing, ready and updated instances of each pool."""
+    """status.pools: desired, existing, ready and updated instances of each pool, and the ones a
+    width change cannot roll yet (``waiting``: the plan has no nodes for them)."""
     out: dict[str, Any] = {}
     for pool, p in pools(spec).items():
         layout = pool_layout(p, spec.topology)
@@ -60,6 +62,10 @@ def pool_status(
             "groupBackend": backend,
             "groupRestarts": sum(g.restarts for g in mine),
             "starting": starting(groups, pool),
+            "widthBlocked": sorted(
+                {g.index for g in mine if g.moved and g.resized_to and g.new_nodes_busy}
+                | {i for p_, i in waiting if p_ == pool}
+            ),
         }
     return out
 
@@ -110,7 +116,7 @@ def compute_status(
     backend: str = "StatefulSet",
 ) -> dict[str, Any]:
     """The status this reconcile observed; conditions keep their transition times."""
-    pools_status = pool_status(spec, name, groups, restarting, backend)
+    pools_status = pool_status(spec, name, groups, restarting, backend, [w.key for w in plan.waiting])
     router: dict[str, Any] = {
         "replicas": int((router_status or {}).get("replicas", 0)),
         "readyReplicas": int((router_status or {}).get("readyReplicas", 0)),
