@@ -405,13 +405,15 @@ def test_a_width_change_in_a_full_cluster_drains_each_instance_and_deletes_none_
             wait_for(lambda: router.play().get("serving") == 2 and router.play().get("latency"), 180,
                      interval=1, what="two instances serving")  # fmt: skip
             leader = router.uids[second]
-            r = api.patch(
-                moed_path(deployed, name), json={"spec": {"decode": {"nodesPerReplica": 4}}}, headers=merge
-            )
-            assert r.status_code == 200, r.text
-            router.timeline.append(
-                f"t={time.monotonic() - router.start:5.1f}s --- nodesPerReplica 2 -> 4 ---"
-            )
+
+            def set_width(nodes: int, was: int) -> None:
+                body = {"spec": {"decode": {"nodesPerReplica": nodes}}}
+                r = api.patch(moed_path(deployed, name), json=body, headers=merge)
+                assert r.status_code == 200, r.text
+                now = time.monotonic() - router.start
+                router.timeline.append(f"t={now:5.1f}s --- nodesPerReplica {was} -> {nodes} ---")
+
+            set_width(4, was=2)
 
             def serving_on() -> None:
                 pod = api.get(f"/api/v1/namespaces/{deployed}/pods/{second}-0").json()
@@ -435,13 +437,7 @@ def test_a_width_change_in_a_full_cluster_drains_each_instance_and_deletes_none_
             ).json()["items"]
             assert any(e["reason"] == "WidthRollStuck" for e in warnings), [e["reason"] for e in warnings]
             # set back: instance 0 rolls back to two nodes and serves again beside instance 1
-            r = api.patch(
-                moed_path(deployed, name), json={"spec": {"decode": {"nodesPerReplica": 2}}}, headers=merge
-            )
-            assert r.status_code == 200, r.text
-            router.timeline.append(
-                f"t={time.monotonic() - router.start:5.1f}s --- nodesPerReplica 4 -> 2 ---"
-            )
+            set_width(2, was=4)
 
             def both_back() -> bool:
                 st = router.play()
