@@ -105,6 +105,10 @@ def test_times_from_the_future_are_not_the_operators() -> None:
     assert codec.read_retry({"widthRetryAfter": codec.write_time(NOW - 1)}, NOW, 600) is None
     assert codec.read_retry({"widthRetryAfter": 12}, NOW, 600) is None
     assert codec.read_retry({}, NOW, 600) is None
+    # widthFailures: a count in range, anything else none
+    assert codec.read_failures({"widthFailures": 3}) == 3
+    for bad in (-1, 65, True, 2.0, "3", None, [1]):
+        assert codec.read_failures({"widthFailures": bad}) == 0, bad
 
 
 def test_non_finite_numbers_never_reach_status() -> None:

@@ -127,7 +127,7 @@ def test_a_width_change_without_room_drains_each_narrow_instance_first() -> None
 
 def test_a_width_change_waits_while_a_listed_instance_is_down_and_load_growth_goes_first() -> None:
     waiting = _tick(Scale(2, 2), 0, narrow={0, 1}, ready=set(), up={1})
-    assert (waiting.scale, waiting.reason) == (Scale(2, 2), "width_waiting")
+    assert (waiting.scale, waiting.reason) == (Scale(2, 2, pending_since=0.0), "width_waiting")
     grow = _tick(Scale(2, 2), 0, narrow={0, 1}, ready=set(), up={0, 1}, want=4)
     assert (grow.scale.instances, grow.scale.rolling) == (4, None)
     during = _tick(Scale(2, 2, rolling=0, rolling_since=0.0), 10, narrow={0, 1}, ready=set(), want=3)
@@ -190,3 +190,22 @@ def test_a_width_change_drains_first_the_instances_it_can_roll() -> None:
     assert both.scale.rolling == 0
     stale = advance(s, 2, 2, set(), set(), 0, BOOT, DRAIN, True, {0, 1}, False, {0, 1}, {7})
     assert stale.scale.rolling == 0
+
+
+def test_a_listed_instance_down_twice_the_boot_time_during_a_width_change_is_reported() -> None:
+    """The change waits for a listed instance that is down (it drains no other); twice the boot time
+    into the wait a Warning says which, again every twice the boot time; once it is up, the wait's
+    clock goes and the next instance drains. A width change that ends while waiting leaves no clock
+    behind (a later scale-out must not read it as its own start)."""
+    waiting = _tick(Scale(3, 3), 0, narrow={0, 1, 2}, ready=set(), up={0, 2})
+    still = _tick(waiting.scale, 2 * BOOT, narrow={0, 1, 2}, ready=set(), up={0, 2})
+    assert (still.scale.pending_since, still.reason, still.event) == (0.0, "width_waiting", "")
+    late = _tick(still.scale, 2 * BOOT + 1, narrow={0, 1, 2}, ready=set(), up={0, 2})
+    assert (late.reason, late.event, late.scale.rolling) == ("width_waiting", "WidthRollWaiting", None)
+    assert "[1] not up for 601s" in late.message and late.scale.pending_since == 2 * BOOT + 1
+    quiet = _tick(late.scale, 3 * BOOT, narrow={0, 1, 2}, ready=set(), up={0, 2})
+    assert (quiet.reason, quiet.event) == ("width_waiting", "")
+    up = _tick(quiet.scale, 3 * BOOT + 30, narrow={0, 1, 2}, ready=set(), up={0, 1, 2})
+    assert (up.event, up.scale.rolling, up.scale.pending_since) == ("WidthDraining", 0, None)
+    reverted = _tick(late.scale, 3 * BOOT, narrow=set(), ready={0, 2}, up={0, 2})
+    assert reverted.scale.pending_since is None

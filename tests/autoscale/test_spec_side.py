@@ -386,6 +386,7 @@ def test_a_chosen_width_that_does_not_come_up_is_given_up_and_not_chosen_again_f
     assert given_up["nodesPerReplica"] is None and given_up["nodesPerReplicaFrom"] is None
     assert given_up["widthRetryAfter"] == codec.write_time(NOW + 6 * 300)
     assert events[-1][:2] == ("Warning", "WidthGivenUp") and "back to 9 node(s)" in events[-1][2]
+    assert "(1 chosen width(s) in a row)" in events[-1][2] and "bootTime x6" in events[-1][2]
     # an extra instance created for the change and rolled back: not given up (drain first goes on)
     rolled_back = Step(Scale(3, 3, blocked_until=NOW + 300), "rolled_back", "ScaleOutRolledBack", "x")
     kept_on = choose(rolled_back, status)
@@ -396,3 +397,54 @@ def test_a_chosen_width_that_does_not_come_up_is_given_up_and_not_chosen_again_f
     held = choose(Step(Scale(3, 3), ""), after, written)
     assert held["widthHeld"] and "did not come up" in held["widthHeld"], held
     assert held["widthRetryAfter"] == given_up["widthRetryAfter"] and not events
+    assert given_up["widthFailures"] == 1
+
+
+def test_chosen_widths_that_keep_failing_are_retried_ever_more_rarely_and_a_success_starts_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second chosen width in a row that does not come up waits twice as long (12 bootTimes),
+    up to 96; a chosen width every instance runs clears the count. A tampered count only lengthens
+    the wait up to the cap, and a retry time past the cap is not read."""
+    from moe_operator.autoscale.decide import Width
+    from moe_operator.autoscale.scale import retry_pause_boots
+    from moe_operator.handlers import autoscale_loop
+
+    assert [retry_pause_boots(n) for n in (0, 1, 2, 3, 4, 5, 6, 64)] == [6, 6, 12, 24, 48, 96, 96, 96]
+    events: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(
+        autoscale_loop.kopf,
+        "event",
+        lambda body, type, reason, message: events.append((type, reason, message)),
+    )
+    raw = _spec("deepseek-v3-pd-h100.yaml", decode={**AUTO, "slo": {"itl": "50ms"}, "widthChanges": "Apply",
+                                                    "nodesPerReplicaOptions": [18], "bootTime": "5m"})  # fmt: skip
+    raw["decode"]["nodesPerReplica"] = 9
+    written = MoEDeploymentSpec.model_validate(raw)
+    chosen = {"instances": 3, "serving": 3, "nodesPerReplica": 18, "nodesPerReplicaFrom": 9}
+    spec = running_spec(written, raw, {"autoscaling": {"decode": chosen}}, DEFAULT_POLICY, "ns")
+    body = {"metadata": {"name": "m", "namespace": "ns", "uid": "u"}, "spec": raw}
+    decision = PoolDecision(3, 3, "steady", "", 3, PoolState(instances=3, fits={}), width=Width(18, 144, 1.0))
+    stuck = Step(
+        Scale(3, 3, rolling=0, released=True, rolling_since=NOW), "width_stuck", "WidthRollStuck", "x"
+    )
+
+    def choose(step: Step, pool_status: dict[str, Any], old: frozenset[int]) -> dict[str, Any]:
+        st = {"autoscaling": {"decode": pool_status}}
+        return autoscale_loop.choose_width(
+            body, written, spec, st, None, "decode", decision, step, old, 0, NOW
+        )  # type: ignore[arg-type]
+
+    second = choose(stuck, {**chosen, "widthFailures": 1}, frozenset({1, 2}))
+    assert second["widthFailures"] == 2 and second["widthRetryAfter"] == codec.write_time(NOW + 12 * 300)
+    assert "(2 chosen width(s) in a row)" in events[-1][2] and "bootTime x12" in events[-1][2]
+    capped = choose(stuck, {**chosen, "widthFailures": 64}, frozenset({1, 2}))
+    assert capped["widthFailures"] == 64 and capped["widthRetryAfter"] == codec.write_time(NOW + 96 * 300)
+    # the chosen width rolls on: the count stays; every instance at it: the count goes
+    rolling = choose(Step(Scale(3, 3), ""), {**chosen, "widthFailures": 2}, frozenset({2}))
+    assert "widthFailures" not in rolling
+    ran = choose(Step(Scale(3, 3), ""), {**chosen, "widthFailures": 2}, frozenset())
+    assert "widthFailures" in ran and ran["widthFailures"] is None
+    # a retry time past the longest pause is a tampered one: not read
+    far = codec.write_time(NOW + 97 * 300)
+    assert codec.read_retry({"widthRetryAfter": far}, NOW, 96 * 300) is None

@@ -57,6 +57,7 @@ class Reason(StrEnum):
     WIDTH_DRAINED = "WidthDrained"
     WIDTH_ROLLED = "WidthRolled"
     WIDTH_ROLL_STUCK = "WidthRollStuck"
+    WIDTH_ROLL_WAITING = "WidthRollWaiting"
     WIDTH_GIVEN_UP = "WidthGivenUp"
     WIDTH_CHOSEN = "WidthChosen"
     WIDER_INSTANCE_RECOMMENDED = "WiderInstanceRecommended"

@@ -246,7 +246,8 @@ class PoolAutoscalingStatus(StatusObject):
     pending_since: str | None = Field(
         default=None,
         json_schema_extra={"format": "date-time"},
-        description="When the current scale-out or drain began (absent when none is under way).",
+        description="When the current scale-out or drain began, or a width change began waiting for a "
+        "listed instance that is down (absent when none is under way).",
     )
     blocked_until: str | None = Field(
         default=None,
@@ -272,6 +273,13 @@ class PoolAutoscalingStatus(StatusObject):
         json_schema_extra={"format": "date-time"},
         description="No wider width is chosen before this time (autoscaling.widthChanges Apply): the "
         "last one chosen did not come up, and the pool went back to nodesPerReplica.",
+    )
+    width_failures: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="Chosen widths in a row that did not come up (autoscaling.widthChanges Apply): each "
+        "doubles the wait before the next choice (widthRetryAfter); absent once a chosen width ran.",
     )
     nodes_per_replica_from: int | None = Field(
         default=None,

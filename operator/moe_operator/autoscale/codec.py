@@ -182,6 +182,12 @@ def read_retry(raw: Mapping[str, Any], now: float, horizon_s: float) -> float | 
     return t if t is not None and now < t <= now + horizon_s + 60.0 else None
 
 
+def read_failures(raw: Mapping[str, Any]) -> int:
+    """widthFailures: chosen widths in a row that did not come up (0 when absent or out of range)."""
+    n = raw.get("widthFailures")
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 64 else 0
+
+
 def read_blocked(status: Mapping[str, Any], pool: str) -> frozenset[int]:
     """status.pools.<pool>.widthBlocked (the reconciler's): instance indexes, anything else dropped."""
     pools = status.get("pools")

@@ -17,7 +17,9 @@ the pool shrink. Without room the same drain comes first, at one instance fewer 
 An instance created at the new width that does not come up is rolled back like any scale-out;
 the change then goes on without room (drain first: the cluster may have no nodes to spare). A
 released instance not ready twice the boot time after its release stops the change where it is
-(``width_stuck``): the others keep serving at the old width and no other one drains.
+(``width_stuck``): the others keep serving at the old width and no other one drains. A listed
+instance that stays down holds the change too (a roll takes one instance at a time, the others
+serving); twice the boot time into that wait it is reported, and again every twice the boot time.
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 MIN_DRAIN_S = 30.0  # and the router settled: old router pods may still send until they are replaced
-WIDTH_RETRY_BOOTS = 6  # a chosen width that did not come up is not chosen again for this many bootTimes
+WIDTH_RETRY_BOOTS = 6  # a chosen width that did not come up is not chosen again for this many bootTimes,
+WIDTH_RETRY_MAX_BOOTS = 96  # doubled for each one in a row that did not, up to this many
 
 
 @dataclass(frozen=True)
 class Scale:
     instances: int
     serving: int
-    pending_since: float | None = None  # a scale-out or a drain under way since
+    pending_since: float | None = None  # a scale-out, a drain, or a width change's wait, under way since
     last_change: float | None = None
     blocked_until: float | None = None  # no growth before (after a rollback)
     draining: bool = False  # instance ``serving`` is off the router and finishing its requests
@@ -95,7 +98,7 @@ def advance(
     if listed_old and want == s.instances:
         paused = s.blocked_until is not None and now < s.blocked_until  # one at the new width failed
         first = [i for i in listed_old if i not in blocked] + [i for i in listed_old if i in blocked]
-        return _widen(s, first, ready if up is None else up, now, room and not paused)
+        return _widen(s, first, ready if up is None else up, now, room and not paused, boot_s)
     if want > s.instances:
         grown = replace(s, instances=want, pending_since=now, last_change=now)
         return Step(
@@ -113,7 +116,7 @@ def advance(
             "Draining",
             f"instance {n} off the router; it finishes its requests, then goes",
         )
-    return Step(s, "")
+    return Step(replace(s, pending_since=None), "")  # nothing under way (a width change's wait ended)
 
 
 def _drain(
@@ -165,10 +168,11 @@ def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float
     return Step(s, "booting")
 
 
-def _widen(s: Scale, old: list[int], up: Collection[int], now: float, room: bool) -> Step:
+def _widen(s: Scale, old: list[int], up: Collection[int], now: float, room: bool, boot_s: float) -> Step:
     """The next step of a width change: an instance at the new width first (when none serves yet
     and there is room), then the first of ``old`` (in the order to drain them) off the list once
-    every listed one is up."""
+    every listed one is up. A listed one down twice the boot time is reported (``pending_since``
+    times the wait), again every twice the boot time while it lasts."""
     if room and len(old) == s.serving:
         grown = replace(s, instances=s.instances + 1, pending_since=now, last_change=now)
         return Step(
@@ -178,8 +182,17 @@ def _widen(s: Scale, old: list[int], up: Collection[int], now: float, room: bool
             f"creating instance {s.instances} at the new width before any at the old width drains: "
             f"{s.instances} -> {s.instances + 1}",
         )
-    if any(i not in up for i in range(s.serving)):
-        return Step(s, "width_waiting")  # a roll takes one instance at a time, the others serving
+    down = [i for i in range(s.serving) if i not in up]
+    if down:  # a roll takes one instance at a time, the others serving
+        since = s.pending_since if s.pending_since is not None else now
+        if now - since <= 2 * boot_s:
+            return Step(replace(s, pending_since=since), "width_waiting")
+        return Step(
+            replace(s, pending_since=now), "width_waiting", "WidthRollWaiting",
+            f"listed instance(s) {down} not up for {now - since:.0f}s (bootTime x2): the width change waits "
+            "for them before it drains the next instance. See the pool's Progressing condition for why",
+        )  # fmt: skip
+    s = replace(s, pending_since=None)
     i = old[0]
     if s.serving == 1:  # the router keeps its only instance (an empty list serves nothing either)
         alone = replace(s, rolling=i, released=True, rolling_since=now, last_change=now)
@@ -239,6 +252,14 @@ def width_failed(step: Step) -> bool:
     is then given up (autoscaling.widthChanges Apply). An extra instance created for the change that
     is rolled back is not (the cluster may only lack a node to spare: the change goes on drain first)."""
     return step.event == "WidthRollStuck"
+
+
+def retry_pause_boots(failures: int) -> int:
+    """bootTimes before a wider width is chosen again after ``failures`` chosen widths in a row did
+    not come up: a cause that lasts (a quota, a node pool too small) costs one drained instance per
+    try, so tries grow rarer."""
+    doublings = max(0, min(failures, 16) - 1)
+    return min(WIDTH_RETRY_MAX_BOOTS, WIDTH_RETRY_BOOTS << doublings)
 
 
 def width_to_apply(

@@ -28,7 +28,15 @@ from moe_operator.autoscale.effective import applied_widths, existing_instances,
 from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
 from moe_operator.autoscale.prior import resume
-from moe_operator.autoscale.scale import WIDTH_RETRY_BOOTS, Scale, Step, advance, width_failed, width_to_apply
+from moe_operator.autoscale.scale import (
+    WIDTH_RETRY_MAX_BOOTS,
+    Scale,
+    Step,
+    advance,
+    retry_pause_boots,
+    width_failed,
+    width_to_apply,
+)
 from moe_operator.control.client import RuntimeAnswerError, RuntimeClient
 from moe_operator.handlers.state import DeploymentState, OperatorState, operator_of
 from moe_operator.handlers.widths import running_spec
@@ -245,7 +253,9 @@ def act(
     )  # fmt: skip
 
 
-WARNINGS = frozenset({Reason.SCALE_OUT_ROLLED_BACK, Reason.DRAIN_TIMED_OUT, Reason.WIDTH_ROLL_STUCK})
+WARNINGS = frozenset(
+    {Reason.SCALE_OUT_ROLLED_BACK, Reason.DRAIN_TIMED_OUT, Reason.WIDTH_ROLL_STUCK, Reason.WIDTH_ROLL_WAITING}
+)
 
 
 def report(
@@ -279,11 +289,13 @@ def choose_width(
     or once the chosen width did not come up (given up, and not chosen again for a while)."""
     auto, mine = pools(written)[pool].autoscaling, pools(written)[pool].nodes_per_replica
     running, scale = pools(spec)[pool].nodes_per_replica, step.scale
-    pause = WIDTH_RETRY_BOOTS * (parse_duration(auto.boot_time) if auto is not None else 0.0)
-    if running != mine and width_failed(step):
-        return give_up_width(body, pool, mine, running, pause, now)
+    boot = parse_duration(auto.boot_time) if auto is not None else 0.0
     raw = (status.get("autoscaling") or {}).get(pool)
-    retry_at = codec.read_retry(raw, now, pause) if isinstance(raw, dict) else None
+    raw = raw if isinstance(raw, dict) else {}
+    failures = codec.read_failures(raw)
+    if running != mine and width_failed(step):
+        return give_up_width(body, pool, mine, running, failures + 1, boot, now)
+    retry_at = codec.read_retry(raw, now, WIDTH_RETRY_MAX_BOOTS * boot)
     recommended = decision.width.nodes if decision.width is not None else None
     apply = auto is not None and auto.width_changes == "Apply"
     wide = decision.width.gpus * max(scale.instances, decision.instances) if decision.width else 0
@@ -301,21 +313,28 @@ def choose_width(
     fields: dict[str, Any] = {"widthHeld": held or None, "widthRetryAfter": codec.write_time(retry_at)}
     if running == mine:  # no choice runs (none, or one the spec's edit ended): none stays in status
         fields.update(nodesPerReplica=None, nodesPerReplicaFrom=None)
+    elif not old and scale.rolling is None:  # every instance runs the chosen width: the count starts over
+        fields.update(widthFailures=None)
     return fields
 
 
 def give_up_width(
-    body: kopf.Body, pool: Pool, mine: int, running: int, pause: float, now: float
+    body: kopf.Body, pool: Pool, mine: int, running: int, failures: int, boot_s: float, now: float
 ) -> dict[str, Any]:
-    """The chosen width did not come up: the pool goes back to the spec's (each instance at the chosen
-    width rolls back, as a width change), and no wider width is chosen for ``pause`` seconds."""
+    """The chosen width did not come up (the ``failures``-th in a row): the pool goes back to the
+    spec's (each instance at the chosen width rolls back, as a width change), and no wider width is
+    chosen for a pause that doubles with each one in a row."""
+    boots = retry_pause_boots(failures)
     message = (
-        f"{pool}: back to {mine} node(s) per instance: an instance at {running} did not come up; "
-        f"no wider width is chosen for {pause:.0f}s (bootTime x{WIDTH_RETRY_BOOTS})"
+        f"{pool}: back to {mine} node(s) per instance: an instance at {running} did not come up "
+        f"({failures} chosen width(s) in a row); no wider width is chosen for {boots * boot_s:.0f}s "
+        f"(bootTime x{boots})"
     )
     kopf.event(body, type="Warning", reason=Reason.WIDTH_GIVEN_UP.value, message=message)
-    retry = codec.write_time(now + pause)
-    return {"nodesPerReplica": None, "nodesPerReplicaFrom": None, "widthHeld": None, "widthRetryAfter": retry}
+    return {
+        "nodesPerReplica": None, "nodesPerReplicaFrom": None, "widthHeld": None,
+        "widthRetryAfter": codec.write_time(now + boots * boot_s), "widthFailures": min(failures, 64),
+    }  # fmt: skip
 
 
 @kopf.timer(GROUP, PLURAL, interval=TICK_S, initial_delay=TICK_S)
