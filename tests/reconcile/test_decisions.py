@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,7 +15,7 @@ from moe_operator.lifecycle import GroupState, PodState
 from moe_operator.reconcile.backend import backend_unavailable, leaderworkerset_state
 from moe_operator.reconcile.children import diff_children
 from moe_operator.reconcile.groups import WidthGate, group_actions
-from moe_operator.reconcile.observe import group_states, trusted_pods
+from moe_operator.reconcile.observe import group_states, previous_sites, trusted_pods
 from moe_operator.reconcile.status import compute_status, ready_event, stop_status
 from moe_operator.reconcile.token import instance_of, key_of
 from moe_operator.render.children import render_children
@@ -399,6 +400,26 @@ def test_leaderworkerset_pods_are_trusted_by_their_controllers_statefulsets() ->
         ),  # not a worker name
     ]
     assert [p["name"] for p in trusted_pods(pods, lws, "m")] == ["m-decode-0-0", "m-decode-0-0-1"]
+
+
+def test_a_topology_annotation_that_is_not_the_operators_is_no_site_and_stops_nothing() -> None:
+    """Anyone who may edit a group object can rewrite its topology annotation: one that does not parse
+    or has another shape is read as no recorded site for that instance alone (before, it raised and
+    every reconcile of the deployment failed), and the others' sites stay."""
+    good = json.dumps({"kind": "node", "label": "kubernetes.io/hostname", "domain": "n1", "nodes": ["n1"]})
+    bad = [
+        "not json", "[1]", "null", json.dumps({"kind": "node"}), "[" * 100_000 + "]" * 100_000,
+        json.dumps({"kind": "elsewhere", "label": "l", "domain": "d", "nodes": ["n"]}),
+        json.dumps({"kind": "node", "label": "l", "domain": "d", "nodes": "n1"}),
+        json.dumps({"kind": "node", "label": "l", "domain": "d", "nodes": [{"$ne": 1}]}),
+        json.dumps({"kind": "node", "label": "l", "domain": "d", "nodes": []}),
+        json.dumps({"kind": "node", "label": 7, "domain": "d", "nodes": ["n"]}),
+    ]  # fmt: skip
+    groups = [{"name": "m-decode-0", "annotations": {K.INSTANCE_NODES: good}}] + [
+        {"name": f"m-decode-{i + 1}", "annotations": {K.INSTANCE_NODES: raw}} for i, raw in enumerate(bad)
+    ]
+    sites = previous_sites(groups, "m")
+    assert [(s.pool, s.index, s.nodes) for s in sites] == [("decode", 0, ("n1",))]
 
 
 def test_a_key_secret_counts_only_when_this_deployment_owns_it_and_it_is_well_formed() -> None:

@@ -68,11 +68,8 @@ def leaders(body: kopf.Body, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
 
 def running_widths(body: kopf.Body, kwargs: dict[str, Any]) -> Widths:
     """The width each instance's group runs (the site recorded on its object, which a width change
-    holds back until the instance's turn); empty when an annotation does not parse."""
-    try:
-        sites = previous_sites(_groups(body, kwargs), str(body.metadata.name))
-    except (ValueError, KeyError, TypeError, IndexError):
-        return {}
+    holds back until the instance's turn); an instance whose annotation is not the operator's has none."""
+    sites = previous_sites(_groups(body, kwargs), str(body.metadata.name))
     return {(s.pool, s.index): len(s.nodes) for s in sites}
 
 

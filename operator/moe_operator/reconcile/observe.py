@@ -40,11 +40,34 @@ def node_snapshot(
     return out
 
 
-def recorded_site(annotations: Mapping[str, Any]) -> Any:
-    """A group object's topology annotation (in either format it was written in), parsed; None
-    when it has none."""
+MAX_SITE_CHARS = 65536  # 256 node names of at most 253 characters, and the rest
+MAX_SITE_NODES = 256
+
+
+def recorded_site(annotations: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A group object's topology annotation (in either format it was written in), parsed; None when
+    it has none, or one that is not the operator's shape. Anyone who may edit the object can write
+    it: one that does not parse must not stop the deployment's reconciles (the object is applied
+    again with the right one), and it cannot place an instance anywhere the planner would not
+    (kept sites are checked against the eligible nodes)."""
     raw = annotations.get(K.INSTANCE_NODES) or annotations.get(K.INSTANCE_NODES_BEFORE_0_2)
-    return json.loads(raw) if raw else None
+    if not isinstance(raw, str) or not raw or len(raw) > MAX_SITE_CHARS:
+        return None
+    try:
+        site = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(site, dict):
+        return None
+    nodes = site.get("nodes")
+    fine = (
+        site.get("kind") in ("nvlink", "rack", "node")
+        and all(isinstance(site.get(k), str) for k in ("label", "domain"))
+        and isinstance(nodes, list)
+        and 0 < len(nodes) <= MAX_SITE_NODES
+        and all(isinstance(n, str) and n for n in nodes)
+    )
+    return site if fine else None
 
 
 def previous_sites(groups: Iterable[Mapping[str, Any]], name: str) -> list[InstanceSite]:
