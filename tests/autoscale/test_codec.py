@@ -170,6 +170,28 @@ def test_a_width_roll_round_trips_and_a_tampered_one_is_dropped() -> None:
     assert draining.draining and draining.rolling is None  # never both at once
 
 
+def test_a_width_wait_round_trips_and_a_tampered_one_is_dropped() -> None:
+    from moe_operator.api.status import PoolAutoscalingStatus
+
+    fallback = Scale(2, 2)
+    waiting = Scale(3, 3, waiting_since=NOW - 900, waiting_reported=NOW - 300)
+    d = PoolDecision(3, 3, "steady", "m", 3, _state())
+    out = codec.write_pool(waiting, Step(waiting, "width_waiting"), d, None)
+    PoolAutoscalingStatus.model_validate(out)
+    assert codec.read_scale(out, fallback, 1, 4, NOW, 600) == waiting
+    over = codec.write_pool(Scale(3, 3), Step(Scale(3, 3), "width_rolled"), d, None)
+    assert over["widthWaitingSince"] is None and over["widthWaitingReported"] is None  # merge patch removes
+
+    def read(**change: object) -> Scale:
+        return codec.read_scale({**out, **change}, fallback, 1, 4, NOW, 600)
+
+    future = read(widthWaitingSince="9999-12-31T23:59:59Z")
+    assert (future.waiting_since, future.waiting_reported) == (None, None)
+    assert read(widthWaitingReported=codec._iso(NOW - 1000)).waiting_reported is None  # before the wait began
+    assert read(widthWaitingReported="9999-12-31T23:59:59Z").waiting_reported is None
+    assert read(widthWaitingSince=12).waiting_since is None
+
+
 def test_width_blocked_is_read_as_instance_indexes_only() -> None:
     def pools(value: object) -> dict[str, object]:
         return {"pools": {"decode": {"widthBlocked": value}}}

@@ -127,7 +127,7 @@ def test_a_width_change_without_room_drains_each_narrow_instance_first() -> None
 
 def test_a_width_change_waits_while_a_listed_instance_is_down_and_load_growth_goes_first() -> None:
     waiting = _tick(Scale(2, 2), 0, narrow={0, 1}, ready=set(), up={1})
-    assert (waiting.scale, waiting.reason) == (Scale(2, 2, pending_since=0.0), "width_waiting")
+    assert (waiting.scale, waiting.reason) == (Scale(2, 2, waiting_since=0.0), "width_waiting")
     grow = _tick(Scale(2, 2), 0, narrow={0, 1}, ready=set(), up={0, 1}, want=4)
     assert (grow.scale.instances, grow.scale.rolling) == (4, None)
     during = _tick(Scale(2, 2, rolling=0, rolling_since=0.0), 10, narrow={0, 1}, ready=set(), want=3)
@@ -194,18 +194,39 @@ def test_a_width_change_drains_first_the_instances_it_can_roll() -> None:
 
 def test_a_listed_instance_down_twice_the_boot_time_during_a_width_change_is_reported() -> None:
     """The change waits for a listed instance that is down (it drains no other); twice the boot time
-    into the wait a Warning says which, again every twice the boot time; once it is up, the wait's
-    clock goes and the next instance drains. A width change that ends while waiting leaves no clock
-    behind (a later scale-out must not read it as its own start)."""
+    into the wait a Warning says which and for how long, again every twice the boot time with the
+    whole wait; once it is up the wait's times go and the next instance drains. Any other step ends
+    the wait (a width change reverted; load growth), and a scale-out's clock never becomes the wait's."""
     waiting = _tick(Scale(3, 3), 0, narrow={0, 1, 2}, ready=set(), up={0, 2})
     still = _tick(waiting.scale, 2 * BOOT, narrow={0, 1, 2}, ready=set(), up={0, 2})
-    assert (still.scale.pending_since, still.reason, still.event) == (0.0, "width_waiting", "")
+    assert (still.scale.waiting_since, still.reason, still.event) == (0.0, "width_waiting", "")
     late = _tick(still.scale, 2 * BOOT + 1, narrow={0, 1, 2}, ready=set(), up={0, 2})
     assert (late.reason, late.event, late.scale.rolling) == ("width_waiting", "WidthRollWaiting", None)
-    assert "[1] not up for 601s" in late.message and late.scale.pending_since == 2 * BOOT + 1
+    assert "[1] not up" in late.message and "for 601s" in late.message
+    assert (late.scale.waiting_since, late.scale.waiting_reported, late.scale.pending_since) == (
+        0.0,
+        601.0,
+        None,
+    )
     quiet = _tick(late.scale, 3 * BOOT, narrow={0, 1, 2}, ready=set(), up={0, 2})
     assert (quiet.reason, quiet.event) == ("width_waiting", "")
-    up = _tick(quiet.scale, 3 * BOOT + 30, narrow={0, 1, 2}, ready=set(), up={0, 1, 2})
-    assert (up.event, up.scale.rolling, up.scale.pending_since) == ("WidthDraining", 0, None)
+    again = _tick(quiet.scale, 4 * BOOT + 2, narrow={0, 1, 2}, ready=set(), up={0, 2})
+    assert again.event == "WidthRollWaiting" and "for 1202s" in again.message  # the whole wait
+    up = _tick(again.scale, 4 * BOOT + 30, narrow={0, 1, 2}, ready=set(), up={0, 1, 2})
+    assert (up.event, up.scale.rolling, up.scale.waiting_since, up.scale.waiting_reported) == (
+        "WidthDraining",
+        0,
+        None,
+        None,
+    )
     reverted = _tick(late.scale, 3 * BOOT, narrow=set(), ready={0, 2}, up={0, 2})
-    assert reverted.scale.pending_since is None
+    assert (reverted.scale.waiting_since, reverted.scale.waiting_reported) == (None, None)
+    grows = _tick(late.scale, 3 * BOOT, narrow={0, 1, 2}, ready=set(), up={0, 2}, want=4)
+    assert (grows.reason, grows.scale.waiting_since) == ("scale_out", None)
+    # a scale-out the load no longer needs leaves no clock behind (before, a later wait or a raised
+    # minReplicas read it as its own start)
+    booting = Scale(3, 2, pending_since=0.0)
+    fell = advance(booting, 2, 2, {0, 1}, set(), 30, BOOT, DRAIN)
+    assert (fell.scale.instances, fell.scale.pending_since) == (2, None)
+    fresh = _tick(fell.scale, 2 * BOOT + 30, narrow={0, 1}, ready=set(), up={0})
+    assert (fresh.event, fresh.scale.waiting_since) == ("", 2 * BOOT + 30)

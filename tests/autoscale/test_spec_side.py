@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import kopf
 import pytest
 import yaml
 
@@ -445,6 +447,19 @@ def test_chosen_widths_that_keep_failing_are_retried_ever_more_rarely_and_a_succ
     assert "widthFailures" not in rolling
     ran = choose(Step(Scale(3, 3), ""), {**chosen, "widthFailures": 2}, frozenset())
     assert "widthFailures" in ran and ran["widthFailures"] is None
+    # and when a still wider width is chosen on that same tick, the count starts over all the same
+    wider = PoolDecision(3, 3, "steady", "", 3, PoolState(instances=3, fits={}), width=Width(36, 288, 1.0))
+    raw36 = {**raw, "decode": {**raw["decode"], "autoscaling": {**raw["decode"]["autoscaling"],
+                                                                "nodesPerReplicaOptions": [18, 36]}}}  # fmt: skip
+    written36 = MoEDeploymentSpec.model_validate(raw36)
+    spec36 = running_spec(written36, raw36, {"autoscaling": {"decode": chosen}}, DEFAULT_POLICY, "ns")
+    op = SimpleNamespace(platform=DEFAULT_POLICY)
+    chose = autoscale_loop.choose_width(
+        kopf.Body({**body, "spec": raw36}), written36, spec36,
+        {"autoscaling": {"decode": {**chosen, "widthFailures": 2}}},
+        op, "decode", wider, Step(Scale(3, 3), ""), frozenset(), 0, NOW,
+    )  # type: ignore[arg-type]  # fmt: skip
+    assert chose.get("nodesPerReplica") == 36 and chose["widthFailures"] is None, chose
     # a retry time past the longest pause is a tampered one: not read
     far = codec.write_time(NOW + 97 * 300)
     assert codec.read_retry({"widthRetryAfter": far}, NOW, 96 * 300) is None

@@ -246,8 +246,7 @@ class PoolAutoscalingStatus(StatusObject):
     pending_since: str | None = Field(
         default=None,
         json_schema_extra={"format": "date-time"},
-        description="When the current scale-out or drain began, or a width change began waiting for a "
-        "listed instance that is down (absent when none is under way).",
+        description="When the current scale-out or drain began (absent when none is under way).",
     )
     blocked_until: str | None = Field(
         default=None,
@@ -303,6 +302,16 @@ class PoolAutoscalingStatus(StatusObject):
         default=None,
         json_schema_extra={"format": "date-time"},
         description="When the rolling instance left the router, or was released to roll.",
+    )
+    width_waiting_since: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="Since when a width change waits for a listed instance that is down (absent otherwise).",
+    )
+    width_waiting_reported: str | None = Field(
+        default=None,
+        json_schema_extra={"format": "date-time"},
+        description="When that wait was last reported (WidthRollWaiting, every twice bootTime).",
     )
     model: str = Field(
         default="",

@@ -162,6 +162,9 @@ def read_scale(
         rolling = None
     if draining or since is None:
         rolling = None
+    waiting, reported = when("widthWaitingSince"), when("widthWaitingReported")
+    if waiting is None or (reported is not None and reported < waiting):
+        reported = None
     return Scale(
         instances=instances,
         serving=serving,
@@ -172,6 +175,8 @@ def read_scale(
         rolling=rolling,
         released=rolling is not None and raw.get("rollingReleased") is True,
         rolling_since=since if rolling is not None else None,
+        waiting_since=waiting,
+        waiting_reported=reported,
     )
 
 
@@ -222,6 +227,8 @@ def write_pool(
         "rollingInstance": scale.rolling,
         "rollingReleased": scale.released if scale.rolling is not None else None,
         "rollingSince": _iso(scale.rolling_since) if scale.rolling is not None else None,
+        "widthWaitingSince": _iso(scale.waiting_since),
+        "widthWaitingReported": _iso(scale.waiting_reported),
         "model": write_model(decision.state),
     }
     if obs is not None and decision.reason != "no_data":

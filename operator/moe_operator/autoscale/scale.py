@@ -37,13 +37,15 @@ WIDTH_RETRY_MAX_BOOTS = 96  # doubled for each one in a row that did not, up to 
 class Scale:
     instances: int
     serving: int
-    pending_since: float | None = None  # a scale-out, a drain, or a width change's wait, under way since
+    pending_since: float | None = None  # a scale-out or a drain under way since
     last_change: float | None = None
     blocked_until: float | None = None  # no growth before (after a rollback)
     draining: bool = False  # instance ``serving`` is off the router and finishing its requests
     rolling: int | None = None  # an instance off the router for its width change
     released: bool = False  # ``rolling`` finished its requests: the reconciler may roll it now
     rolling_since: float | None = None  # when ``rolling`` left the list, or was released
+    waiting_since: float | None = None  # a width change has waited for a listed instance that is down since
+    waiting_reported: float | None = None  # and last said so
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,31 @@ def initial(replicas: int, lo: int, hi: int) -> Scale:
 
 
 def advance(
+    s: Scale,
+    want: int,
+    need: int | None,
+    ready: Collection[int],
+    idle: Collection[int],
+    now: float,
+    boot_s: float,
+    drain_timeout_s: float,
+    router_settled: bool = True,
+    old_width: Collection[int] = (),
+    room: bool = False,
+    up: Collection[int] | None = None,
+    blocked: Collection[int] = (),
+) -> Step:
+    """One tick (see ``_advance``); a width change's wait for a listed instance is timed only while it
+    lasts: any other step ends it."""
+    step = _advance(
+        s, want, need, ready, idle, now, boot_s, drain_timeout_s, router_settled, old_width, room, up, blocked
+    )
+    if step.reason == "width_waiting":
+        return step
+    return replace(step, scale=replace(step.scale, waiting_since=None, waiting_reported=None))
+
+
+def _advance(
     s: Scale,
     want: int,
     need: int | None,
@@ -116,7 +143,7 @@ def advance(
             "Draining",
             f"instance {n} off the router; it finishes its requests, then goes",
         )
-    return Step(replace(s, pending_since=None), "")  # nothing under way (a width change's wait ended)
+    return Step(s, "")
 
 
 def _drain(
@@ -164,15 +191,19 @@ def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float
         )  # fmt: skip
     if want != s.instances:
         target = max(want, s.serving)  # instances still booting can go; serving ones drain first
-        return Step(replace(s, instances=target), "scale_out" if target > s.instances else "booting")
+        pending = s.pending_since if target > s.serving else None  # none left to boot: nothing pending
+        return Step(
+            replace(s, instances=target, pending_since=pending),
+            "scale_out" if target > s.instances else "booting",
+        )
     return Step(s, "booting")
 
 
 def _widen(s: Scale, old: list[int], up: Collection[int], now: float, room: bool, boot_s: float) -> Step:
     """The next step of a width change: an instance at the new width first (when none serves yet
     and there is room), then the first of ``old`` (in the order to drain them) off the list once
-    every listed one is up. A listed one down twice the boot time is reported (``pending_since``
-    times the wait), again every twice the boot time while it lasts."""
+    every listed one is up. A wait for a listed one that is down is reported twice the boot time
+    after it began, and again every twice the boot time while it lasts."""
     if room and len(old) == s.serving:
         grown = replace(s, instances=s.instances + 1, pending_since=now, last_change=now)
         return Step(
@@ -184,15 +215,16 @@ def _widen(s: Scale, old: list[int], up: Collection[int], now: float, room: bool
         )
     down = [i for i in range(s.serving) if i not in up]
     if down:  # a roll takes one instance at a time, the others serving
-        since = s.pending_since if s.pending_since is not None else now
-        if now - since <= 2 * boot_s:
-            return Step(replace(s, pending_since=since), "width_waiting")
+        since = s.waiting_since if s.waiting_since is not None else now
+        last = s.waiting_reported if s.waiting_reported is not None else since
+        if now - last <= 2 * boot_s:
+            return Step(replace(s, waiting_since=since), "width_waiting")
         return Step(
-            replace(s, pending_since=now), "width_waiting", "WidthRollWaiting",
-            f"listed instance(s) {down} not up for {now - since:.0f}s (bootTime x2): the width change waits "
-            "for them before it drains the next instance. See the pool's Progressing condition for why",
+            replace(s, waiting_since=since, waiting_reported=now), "width_waiting", "WidthRollWaiting",
+            f"listed instance(s) {down} not up, and the width change waiting for them, for {now - since:.0f}s"
+            " (reported every bootTime x2): no other instance drains meanwhile. See the pool's Progressing"
+            " condition for why",
         )  # fmt: skip
-    s = replace(s, pending_since=None)
     i = old[0]
     if s.serving == 1:  # the router keeps its only instance (an empty list serves nothing either)
         alone = replace(s, rolling=i, released=True, rolling_since=now, last_change=now)

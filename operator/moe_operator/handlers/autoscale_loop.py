@@ -293,6 +293,8 @@ def choose_width(
     if running != mine and width_failed(step):
         return give_up_width(body, pool, mine, running, failures + 1, boot, now)
     retry_at = codec.read_retry(raw, now, WIDTH_RETRY_MAX_BOOTS * boot)
+    # every instance runs the chosen width: the count of those that did not starts over
+    ran = {"widthFailures": None} if running != mine and not old and scale.rolling is None else {}
     recommended = decision.width.nodes if decision.width is not None else None
     apply = auto is not None and auto.width_changes == "Apply"
     wide = decision.width.gpus * max(scale.instances, decision.instances) if decision.width else 0
@@ -305,14 +307,12 @@ def choose_width(
         if with_widths(dict(body.spec), chosen, checks) is not None:
             message = f"{pool}: running {width} node(s) per instance instead of {running}; {decision.message}"
             kopf.event(body, type="Normal", reason=Reason.WIDTH_CHOSEN.value, message=message)
-            return {"nodesPerReplica": width, "nodesPerReplicaFrom": mine, "widthHeld": None}
+            return {"nodesPerReplica": width, "nodesPerReplicaFrom": mine, "widthHeld": None, **ran}
         held = f"the spec at {width} node(s) per instance fails admission's checks"
     fields: dict[str, Any] = {"widthHeld": held or None, "widthRetryAfter": codec.write_time(retry_at)}
     if running == mine:  # no choice runs (none, or one the spec's edit ended): none stays in status
         fields.update(nodesPerReplica=None, nodesPerReplicaFrom=None)
-    elif not old and scale.rolling is None:  # every instance runs the chosen width: the count starts over
-        fields.update(widthFailures=None)
-    return fields
+    return {**fields, **ran}
 
 
 def give_up_width(
