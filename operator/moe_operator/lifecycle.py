@@ -183,6 +183,13 @@ def changes_width(group: GroupState, now: datetime) -> bool:
     return group.moved and bool(group.resized_to) and healthy
 
 
+def changes_template(group: GroupState, now: datetime) -> bool:
+    """Whole at its width and nodes, with a pod on an older template: a spec roll restarts it."""
+    return (
+        bool(group.pods) and not group.moved and not is_updated(group) and broken_reason(group, now) is None
+    )
+
+
 def rolls_to_new_width(group: GroupState, now: datetime) -> bool:
     """Moved only because its width changed, onto free nodes, with no other instance waiting for its
     nodes, and otherwise whole: it may wait its turn."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -165,6 +166,17 @@ def test_a_width_roll_round_trips_and_a_tampered_one_is_dropped() -> None:
     assert read(rollingSince=None).rolling is None  # no time: nothing to time a drain by
     assert read(rollingSince="9999-12-31T23:59:59Z").rolling is None
     assert read(rollingReleased="yes").released is False  # only the operator's own true releases
+    spec_roll = replace(rolling, rolling_spec=True)
+    spec_out = codec.write_pool(spec_roll, Step(spec_roll, "spec_rolling"), d, None)
+    assert (
+        spec_out["rollingSpec"] is True and codec.read_scale(spec_out, fallback, 1, 4, NOW, 600) == spec_roll
+    )
+    assert out["rollingSpec"] is None and done["rollingSpec"] is None  # removed when it is no spec roll
+    assert read(rollingSpec="yes").rolling_spec is False and read(rollingSpec=1).rolling_spec is False
+    assert (
+        codec.read_scale({**spec_out, "rollingInstance": None}, fallback, 1, 4, NOW, 600).rolling_spec
+        is False
+    )
     assert not read(rollingInstance=None).released
     draining = read(reason="draining", instances=3, serving=2, pendingSince=codec._iso(NOW))
     assert draining.draining and draining.rolling is None  # never both at once

@@ -230,3 +230,42 @@ def test_a_listed_instance_down_twice_the_boot_time_during_a_width_change_is_rep
     assert (fell.scale.instances, fell.scale.pending_since) == (2, None)
     fresh = _tick(fell.scale, 2 * BOOT + 30, narrow={0, 1}, ready=set(), up={0})
     assert (fresh.event, fresh.scale.waiting_since) == ("", 2 * BOOT + 30)
+
+
+def test_a_spec_roll_drains_each_outdated_instance_first_and_names_itself() -> None:
+    """Instances on an older pod template at the spec's width (``outdated``): the same drained roll
+    as a width change, in its own words (SpecDraining, SpecDrained, SpecRolled; spec_* reasons), an
+    instance on the new spec first when there is room; a width change goes first when both are due,
+    and a stuck spec roll is no width to give up."""
+
+    def tick(s: Scale, now: float, outdated: Collection[int], **kw: object) -> Step:
+        n = s.instances
+        return advance(s, n, n, kw.get("ready", set()), kw.get("idle", set()), now, BOOT, DRAIN, True,
+                       kw.get("narrow", ()), bool(kw.get("room", False)), kw.get("up", {0, 1, 2}), (),
+                       outdated)  # type: ignore[arg-type]  # fmt: skip
+
+    off = tick(Scale(2, 2), 0, {0, 1})
+    assert (off.event, off.reason, off.scale.rolling, off.scale.rolling_spec) == (
+        "SpecDraining",
+        "spec_draining",
+        0,
+        True,
+    )
+    assert "rolls to the new spec" in off.message
+    drained = tick(off.scale, 60, {0, 1}, idle={0})
+    assert (drained.event, drained.scale.released) == ("SpecDrained", True)
+    rolling = tick(drained.scale, 90, {1}, ready={1})
+    assert rolling.reason == "spec_rolling"
+    back = tick(rolling.scale, 120, {1}, ready={0, 1})
+    assert (back.event, back.scale.rolling, back.scale.rolling_spec) == ("SpecRolled", None, False)
+    stuck = tick(drained.scale, 60 + 2 * BOOT + 1, {1}, ready={1})
+    assert (stuck.event, stuck.reason) == ("SpecRollStuck", "spec_stuck") and not width_failed(stuck)
+    surge = tick(Scale(2, 2), 0, {0, 1}, room=True)
+    assert (surge.event, surge.scale.instances) == (
+        "ScalingOut",
+        3,
+    ) and "on the new spec before" in surge.message
+    both = tick(Scale(2, 2), 0, {1}, narrow={0})
+    assert (both.event, both.scale.rolling, both.scale.rolling_spec) == ("WidthDraining", 0, False)
+    waits = tick(Scale(2, 2), 0, {0, 1}, up={1})
+    assert (waits.reason, waits.scale.waiting_since) == ("spec_waiting", 0.0)

@@ -16,7 +16,7 @@ from moe_operator.reconcile.backend import backend_unavailable, leaderworkerset_
 from moe_operator.reconcile.children import diff_children
 from moe_operator.reconcile.groups import WidthGate, group_actions
 from moe_operator.reconcile.observe import group_states, previous_sites, trusted_pods
-from moe_operator.reconcile.status import compute_status, ready_event, stop_status
+from moe_operator.reconcile.status import compute_status, pool_status, ready_event, stop_status
 from moe_operator.reconcile.token import instance_of, key_of
 from moe_operator.render.children import render_children
 from moe_operator.render.group import Owner, RuntimeSettings
@@ -197,6 +197,31 @@ def test_an_autoscaled_width_change_rolls_only_the_instance_the_autoscaler_drain
     assert sorted(r.group.index for r in ungated.restarts) == [0, 1]
     other_pool = group_actions(formed[:2], NOW, nodes={"n0"}, gates={"prefill": WidthGate(2)})
     assert [r.group.index for r in other_pool.restarts] == [0]  # the gate is per pool
+
+
+def test_an_autoscaled_spec_roll_rolls_only_the_instance_the_autoscaler_drained() -> None:
+    """A spec change other than the width (a new pod template at the same width): in an autoscaled
+    pool the instances the router lists wait for their drain like a width change's, the released one
+    rolls, one past them rolls as before; without a gate the pool rolls one at a time undrained. The
+    reconciler lists them in status.pools.<pool>.outdated for the autoscaler."""
+    stale = [_group(i, template="t0", members=frozenset({f"u{i}-0", f"u{i}-1"})) for i in range(3)]
+    held = group_actions(stale, NOW, nodes={"n0"}, gates={"decode": WidthGate(2)})
+    assert [(r.group.index, r.reason) for r in held.restarts] == [(2, Reason.ROLLING_OUT)]
+    assert group_actions(stale[:2], NOW, nodes={"n0"}, gates={"decode": WidthGate(2)}).restarts == []
+    released = group_actions(stale[:2], NOW, nodes={"n0"}, gates={"decode": WidthGate(2, 1)})
+    assert [(r.group.index, r.reason) for r in released.restarts] == [(1, Reason.ROLLING_OUT)]
+    assert released.restarts[0].restarts == 0  # a roll, not a failure
+    ungated = group_actions(stale[:2], NOW, nodes={"n0"})
+    assert [r.group.index for r in ungated.restarts] == [0]
+    # a broken one restarts at once whatever the gate (its world is gone: nothing to drain)
+    broken = replace(_group(0, template="t0", phase="Failed"), members=stale[0].members)
+    assert [r.reason for r in group_actions([broken, stale[1]], NOW, nodes={"n0"},
+                                            gates={"decode": WidthGate(2)}).restarts] == [Reason.GROUP_RESTARTING]  # fmt: skip
+    spec = gb200_decode_spec()
+    listed = pool_status(
+        spec, "m", [stale[0], _group(1), replace(stale[2], moved=True, resized_to=4)], (), "StatefulSet"
+    )
+    assert listed["decode"]["outdated"] == [0]  # not the one at its new width's turn: that is a width change
 
 
 def test_a_width_change_rolls_one_instance_at_a_time_onto_free_nodes() -> None:

@@ -59,6 +59,11 @@ class Reason(StrEnum):
     WIDTH_ROLL_STUCK = "WidthRollStuck"
     WIDTH_ROLL_WAITING = "WidthRollWaiting"
     WIDTH_GIVEN_UP = "WidthGivenUp"
+    SPEC_DRAINING = "SpecDraining"
+    SPEC_DRAINED = "SpecDrained"
+    SPEC_ROLLED = "SpecRolled"
+    SPEC_ROLL_STUCK = "SpecRollStuck"
+    SPEC_ROLL_WAITING = "SpecRollWaiting"
     WIDTH_CHOSEN = "WidthChosen"
     WIDER_INSTANCE_RECOMMENDED = "WiderInstanceRecommended"
     # events of the reconciler

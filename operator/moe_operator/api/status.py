@@ -93,6 +93,12 @@ class PoolStatus(StatusObject):
         "nodes another instance still runs, or the plan has no nodes for them. An autoscaled pool drains "
         "the others first.",
     )
+    outdated: list[int] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Instances whose pods run an older pod template than the spec's, at the spec's width (a "
+        "spec change other than nodesPerReplica): an autoscaled pool drains each before it rolls.",
+    )
 
 
 class PoolsStatus(StatusObject):
@@ -198,7 +204,7 @@ class PoolAutoscalingStatus(StatusObject):
         ge=0,
         le=256,
         description="Instances the router sends requests to: the first this many, "
-        "less rollingInstance during a width change.",
+        "less rollingInstance during a roll (a width change, or another spec change).",
     )
     need: int = Field(
         default=0,
@@ -210,7 +216,8 @@ class PoolAutoscalingStatus(StatusObject):
         max_length=32,
         description="Last decision: steady, scale_out, scale_in, draining, drained, cooldown, booting, "
         "budget, min_instances, rolled_back, no_data, or a width change's width_waiting, width_draining, "
-        "width_drained, width_rolling, width_stuck, width_rolled.",
+        "width_drained, width_rolling, width_stuck, width_rolled, or the same spec_* words for a roll to a new "
+        "pod template at the same width.",
     )
     message: str = Field(default="", max_length=2048, description="The decision in words, with its numbers.")
     offered_rate: float | None = Field(
@@ -291,12 +298,17 @@ class PoolAutoscalingStatus(StatusObject):
         default=None,
         ge=0,
         le=255,
-        description="The instance off the router for a width change: it finishes its requests, then "
-        "the reconciler rolls it onto the new width; listed again once ready. Absent when none.",
+        description="The instance off the router for a roll (a width change, or a new pod template): it "
+        "finishes its requests, then the reconciler rolls it; listed again once ready. Absent when none.",
     )
     rolling_released: bool | None = Field(
         default=None,
         description="The rolling instance finished its requests (or the drain timed out): it may roll now.",
+    )
+    rolling_spec: bool | None = Field(
+        default=None,
+        description="The rolling instance rolls to a new pod template at its width (a spec change other "
+        "than nodesPerReplica), not to a new width.",
     )
     rolling_since: str | None = Field(
         default=None,

@@ -174,6 +174,7 @@ def read_scale(
         draining=draining,
         rolling=rolling,
         released=rolling is not None and raw.get("rollingReleased") is True,
+        rolling_spec=rolling is not None and raw.get("rollingSpec") is True,
         rolling_since=since if rolling is not None else None,
         waiting_since=waiting,
         waiting_reported=reported,
@@ -193,11 +194,12 @@ def read_failures(raw: Mapping[str, Any]) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 64 else 0
 
 
-def read_blocked(status: Mapping[str, Any], pool: str) -> frozenset[int]:
-    """status.pools.<pool>.widthBlocked (the reconciler's): instance indexes, anything else dropped."""
+def read_blocked(status: Mapping[str, Any], pool: str, key: str = "widthBlocked") -> frozenset[int]:
+    """status.pools.<pool>.widthBlocked, or another list of instances ``key`` names (the reconciler's):
+    instance indexes, anything else dropped."""
     pools = status.get("pools")
     raw = (pools.get(pool) if isinstance(pools, Mapping) else None) or {}
-    items = raw.get("widthBlocked") if isinstance(raw, Mapping) else None
+    items = raw.get(key) if isinstance(raw, Mapping) else None
     if not isinstance(items, list):
         return frozenset()
     return frozenset(
@@ -227,6 +229,7 @@ def write_pool(
         "rollingInstance": scale.rolling,
         "rollingReleased": scale.released if scale.rolling is not None else None,
         "rollingSince": _iso(scale.rolling_since) if scale.rolling is not None else None,
+        "rollingSpec": True if scale.rolling is not None and scale.rolling_spec else None,
         "widthWaitingSince": _iso(scale.waiting_since),
         "widthWaitingReported": _iso(scale.waiting_reported),
         "model": write_model(decision.state),

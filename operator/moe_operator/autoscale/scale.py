@@ -34,6 +34,22 @@ WIDTH_RETRY_MAX_BOOTS = 96  # doubled for each one in a row that did not, up to 
 
 
 @dataclass(frozen=True)
+class Roll:
+    """What a roll changes, in status words, event reasons and messages: a width change, or any other
+    change of the instances' pod template (an image, an argument, an environment variable)."""
+
+    word: str  # status reasons: <word>_draining, ...
+    events: str  # event reasons: <events>Draining, ...
+    new: str  # "the new width"
+    at_new: str  # "at the new width"
+    old: str  # "at the old width"
+
+
+WIDTH = Roll("width", "Width", "the new width", "at the new width", "at the old width")
+SPEC = Roll("spec", "Spec", "the new spec", "on the new spec", "on the old spec")
+
+
+@dataclass(frozen=True)
 class Scale:
     instances: int
     serving: int
@@ -44,6 +60,7 @@ class Scale:
     rolling: int | None = None  # an instance off the router for its width change
     released: bool = False  # ``rolling`` finished its requests: the reconciler may roll it now
     rolling_since: float | None = None  # when ``rolling`` left the list, or was released
+    rolling_spec: bool = False  # ``rolling`` rolls to a new pod template at its width (not to a new width)
     waiting_since: float | None = None  # a width change has waited for a listed instance that is down since
     waiting_reported: float | None = None  # and last said so
 
@@ -76,13 +93,15 @@ def advance(
     room: bool = False,
     up: Collection[int] | None = None,
     blocked: Collection[int] = (),
+    outdated: Collection[int] = (),
 ) -> Step:
-    """One tick (see ``_advance``); a width change's wait for a listed instance is timed only while it
-    lasts: any other step ends it."""
+    """One tick (see ``_advance``); a roll's wait for a listed instance is timed only while it lasts:
+    any other step ends it."""
     step = _advance(
-        s, want, need, ready, idle, now, boot_s, drain_timeout_s, router_settled, old_width, room, up, blocked
-    )
-    if step.reason == "width_waiting":
+        s, want, need, ready, idle, now, boot_s, drain_timeout_s, router_settled, old_width, room, up, blocked,
+        outdated,
+    )  # fmt: skip
+    if step.reason.endswith("_waiting"):
         return step
     return replace(step, scale=replace(step.scale, waiting_since=None, waiting_reported=None))
 
@@ -101,6 +120,7 @@ def _advance(
     room: bool = False,
     up: Collection[int] | None = None,
     blocked: Collection[int] = (),
+    outdated: Collection[int] = (),
 ) -> Step:
     """One tick: ``want`` is the decision's size and ``need`` what the load needs (a drain is
     cancelled only when the load needs the instance back; None: no data, nothing is cancelled);
@@ -110,22 +130,30 @@ def _advance(
     more instance fits the pool's bounds and the budget (a width change then creates one at the
     new width first); ``up``: the instances with every rank of their group's width ready (default
     ``ready``, which counts only the new width's); ``blocked``: instances a width change cannot roll
-    yet (their new nodes busy, or none planned): the others at the old width drain first."""
+    yet (their new nodes busy, or none planned): the others at the old width drain first;
+    ``outdated``: instances at the spec's width whose pods run an older template, rolled the same way
+    (drained, released, listed again once ready on the new one), after the width change if both."""
     if s.blocked_until is not None and now < s.blocked_until:
         want = min(want, s.instances)
     if s.draining:
         return _drain(s, need, idle, now, drain_timeout_s, router_settled)
-    if s.rolling is not None or any(i < s.serving for i in old_width):
-        want = max(want, s.instances)  # a width change keeps what it created until every instance is wide
+    old = frozenset(old_width) | frozenset(outdated)
+    if s.rolling is not None or any(i < s.serving for i in old):
+        want = max(want, s.instances)  # a roll keeps what it created until every instance is renewed
     if s.instances > s.serving:
         return _grow(s, want, ready, now, boot_s)
     if s.rolling is not None and want == s.instances:  # growth for load goes first
-        return _roll(s, old_width, ready, idle, now, boot_s, drain_timeout_s, router_settled)
+        return _roll(s, old, ready, idle, now, boot_s, drain_timeout_s, router_settled)
     listed_old = sorted(i for i in old_width if i < s.serving)
-    if listed_old and want == s.instances:
+    listed_outdated = sorted(i for i in old if i < s.serving and i not in old_width)
+    if (listed_old or listed_outdated) and want == s.instances:
         paused = s.blocked_until is not None and now < s.blocked_until  # one at the new width failed
-        first = [i for i in listed_old if i not in blocked] + [i for i in listed_old if i in blocked]
-        return _widen(s, first, ready if up is None else up, now, room and not paused, boot_s)
+        if listed_old:
+            first = [i for i in listed_old if i not in blocked] + [i for i in listed_old if i in blocked]
+        else:
+            first = listed_outdated
+        kind = WIDTH if listed_old else SPEC
+        return _widen(s, first, ready if up is None else up, now, room and not paused, boot_s, kind)
     if want > s.instances:
         grown = replace(s, instances=want, pending_since=now, last_change=now)
         return Step(
@@ -199,18 +227,20 @@ def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float
     return Step(s, "booting")
 
 
-def _widen(s: Scale, old: list[int], up: Collection[int], now: float, room: bool, boot_s: float) -> Step:
-    """The next step of a width change: an instance at the new width first (when none serves yet
-    and there is room), then the first of ``old`` (in the order to drain them) off the list once
-    every listed one is up. A wait for a listed one that is down is reported twice the boot time
-    after it began, and again every twice the boot time while it lasts."""
+def _widen(
+    s: Scale, old: list[int], up: Collection[int], now: float, room: bool, boot_s: float, kind: Roll = WIDTH
+) -> Step:
+    """The next step of a roll: an instance on ``kind.new`` first (when none serves yet and there is
+    room), then the first of ``old`` (in the order to drain them) off the list once every listed one
+    is up. A wait for a listed one that is down is reported twice the boot time after it began, and
+    again every twice the boot time while it lasts."""
     if room and len(old) == s.serving:
         grown = replace(s, instances=s.instances + 1, pending_since=now, last_change=now)
         return Step(
             grown,
             "scale_out",
             "ScalingOut",
-            f"creating instance {s.instances} at the new width before any at the old width drains: "
+            f"creating instance {s.instances} {kind.at_new} before any {kind.old} drains: "
             f"{s.instances} -> {s.instances + 1}",
         )
     down = [i for i in range(s.serving) if i not in up]
@@ -218,53 +248,62 @@ def _widen(s: Scale, old: list[int], up: Collection[int], now: float, room: bool
         since = s.waiting_since if s.waiting_since is not None else now
         last = s.waiting_reported if s.waiting_reported is not None else since
         if now - last <= 2 * boot_s:
-            return Step(replace(s, waiting_since=since), "width_waiting")
+            return Step(replace(s, waiting_since=since), f"{kind.word}_waiting")
         return Step(
-            replace(s, waiting_since=since, waiting_reported=now), "width_waiting", "WidthRollWaiting",
-            f"listed instance(s) {down} not up, and the width change waiting for them, for {now - since:.0f}s"
-            " (reported every bootTime x2): no other instance drains meanwhile. See the pool's Progressing"
-            " condition for why",
+            replace(s, waiting_since=since, waiting_reported=now), f"{kind.word}_waiting",
+            f"{kind.events}RollWaiting",
+            f"listed instance(s) {down} not up, and the roll to {kind.new} waiting for them, for "
+            f"{now - since:.0f}s (reported every bootTime x2): no other instance drains meanwhile. See the "
+            "pool's Progressing condition for why",
         )  # fmt: skip
     i = old[0]
+    spec = kind is SPEC
     if s.serving == 1:  # the router keeps its only instance (an empty list serves nothing either)
-        alone = replace(s, rolling=i, released=True, rolling_since=now, last_change=now)
+        alone = replace(s, rolling=i, released=True, rolling_since=now, last_change=now, rolling_spec=spec)
         return Step(
             alone,
-            "width_drained",
-            "WidthDrained",
-            f"instance {i}, the only one listed, rolls to the new width at once: no room for one at the "
-            "new width first (maxReplicas or gpuBudget); its requests in flight are lost",
+            f"{kind.word}_drained",
+            f"{kind.events}Drained",
+            f"instance {i}, the only one listed, rolls to {kind.new} at once: no room for one "
+            f"{kind.at_new} first (maxReplicas or gpuBudget); its requests in flight are lost",
         )
-    off = replace(s, rolling=i, released=False, rolling_since=now, last_change=now)
+    off = replace(s, rolling=i, released=False, rolling_since=now, last_change=now, rolling_spec=spec)
     return Step(
         off,
-        "width_draining",
-        "WidthDraining",
-        f"instance {i} off the router before it rolls to the new width; it finishes its requests first",
+        f"{kind.word}_draining",
+        f"{kind.events}Draining",
+        f"instance {i} off the router before it rolls to {kind.new}; it finishes its requests first",
     )
 
 
 def _roll(
-    s: Scale, old_width: Collection[int], ready: Collection[int], idle: Collection[int], now: float,
+    s: Scale, old: Collection[int], ready: Collection[int], idle: Collection[int], now: float,
     boot_s: float, timeout_s: float, router_settled: bool,
 ) -> Step:  # fmt: skip
     """Instance ``rolling``: drained (idle after the router dropped it, or the timeout), then released
-    to the reconciler, then listed again once it is ready at the new width. One released and not
+    to the reconciler, then listed again once it is ready and no longer ``old``. One released and not
     ready twice the boot time later is reported, again every twice the boot time while it lasts."""
-    i = s.rolling
+    i, kind = s.rolling, SPEC if s.rolling_spec else WIDTH
     waited = now - (s.rolling_since if s.rolling_since is not None else now)
-    if i is None or i >= s.serving or (i not in old_width and i in ready):
-        back = replace(s, rolling=None, released=False, rolling_since=None, last_change=now)
-        return Step(back, "width_rolled", "WidthRolled", f"instance {i} back on the router at the new width")
+    if i is None or i >= s.serving or (i not in old and i in ready):
+        back = replace(
+            s, rolling=None, released=False, rolling_since=None, last_change=now, rolling_spec=False
+        )
+        return Step(
+            back,
+            f"{kind.word}_rolled",
+            f"{kind.events}Rolled",
+            f"instance {i} back on the router {kind.at_new}",
+        )
     if s.released and waited > 2 * boot_s:
         return Step(
-            replace(s, rolling_since=now), "width_stuck", "WidthRollStuck",
+            replace(s, rolling_since=now), f"{kind.word}_stuck", f"{kind.events}RollStuck",
             f"instance {i} not ready {waited:.0f}s after it was released to roll (bootTime x2); the other "
             "instances keep serving and nothing more rolls. See the pool's Progressing condition for why it "
             "does not start",
         )  # fmt: skip
     if s.released:
-        return Step(s, "width_rolling")
+        return Step(s, f"{kind.word}_rolling")
     done = waited >= MIN_DRAIN_S and i in idle and router_settled
     if done or waited >= timeout_s:
         how = (
@@ -274,9 +313,12 @@ def _roll(
         )
         out = replace(s, released=True, rolling_since=now)
         return Step(
-            out, "width_drained", "WidthDrained", f"instance {i} {how}; it rolls to the new width now"
+            out,
+            f"{kind.word}_drained",
+            f"{kind.events}Drained",
+            f"instance {i} {how}; it rolls to {kind.new} now",
         )
-    return Step(s, "width_draining")
+    return Step(s, f"{kind.word}_draining")
 
 
 def width_failed(step: Step) -> bool:

@@ -235,24 +235,27 @@ def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int, off:
 def act(
     spec: MoEDeploymentSpec, pool: Pool, policy: PoolPolicy, scale: Scale, decision: PoolDecision,
     pods: list[dict[str, Any]], samples: Samples, router: dict[str, Any] | None, now: float,
-    view: tuple[frozenset[int], frozenset[int], frozenset[int]], room: bool,
+    view: tuple[frozenset[int], frozenset[int], frozenset[int], frozenset[int]], room: bool,
 ) -> Step:  # fmt: skip
-    """``view``: width_view's (old, up) for the pool, and its instances the reconciler says a width
-    change cannot roll yet."""
+    """``view``: width_view's (old, up) for the pool, its instances the reconciler says a width change
+    cannot roll yet, and those it says run an older pod template."""
     ready = ready_instances(spec, pods, pool)
     need = None if decision.reason == "no_data" else decision.need  # no data cancels nothing
     settled = router_settled(router, pool, scale.serving, scale.rolling)
     quiet = idle(samples.get(pool, {}))
-    old, up, blocked = view
+    old, up, blocked, outdated = view
     return advance(
         scale, decision.instances, need, ready, quiet, now, policy.boot_s, policy.drain_timeout_s, settled,
-        old, room, up, blocked,
+        old, room, up, blocked, outdated,
     )  # fmt: skip
 
 
 WARNINGS = frozenset(
-    {Reason.SCALE_OUT_ROLLED_BACK, Reason.DRAIN_TIMED_OUT, Reason.WIDTH_ROLL_STUCK, Reason.WIDTH_ROLL_WAITING}
-)
+    {
+        Reason.SCALE_OUT_ROLLED_BACK, Reason.DRAIN_TIMED_OUT, Reason.WIDTH_ROLL_STUCK, Reason.WIDTH_ROLL_WAITING,
+        Reason.SPEC_ROLL_STUCK, Reason.SPEC_ROLL_WAITING,
+    }
+)  # fmt: skip
 
 
 def report(
@@ -363,7 +366,10 @@ def autoscale_timer(
     widths, committed = running_widths(body, kwargs), 0
     for pool, (decision, obs) in decided.items():
         room = surge_room(spec, policies, scales, decisions, widths, pool, committed)
-        view = (*width_view(spec, pods, pool, widths), codec.read_blocked(status, pool))
+        view = (
+            *width_view(spec, pods, pool, widths), codec.read_blocked(status, pool),
+            codec.read_blocked(status, pool, "outdated"),
+        )  # fmt: skip
         step = act(spec, pool, policies[pool], scales[pool], decision, pods, samples, router, now, view, room)
         extra = step.scale.instances - max(scales[pool].instances, decision.instances)
         committed += max(0, extra) * policies[pool].width.gpus  # a width change's extra instance

@@ -15,6 +15,7 @@ from moe_operator.api.conditions import Reason
 from moe_operator.lifecycle import (
     GroupDecision,
     GroupState,
+    changes_template,
     changes_width,
     decide,
     formed,
@@ -47,10 +48,10 @@ class GroupActions:
 
 @dataclass(frozen=True)
 class WidthGate:
-    """An autoscaled pool's width change (autoscale.scale): of its first ``held`` instances (those
-    listed, and one a scale-in drains), one that formed its world rolls to the new width only when
-    it is ``released`` (drained off the router); None: none may yet. One that never formed (pending)
-    serves nothing and rolls as in any pool."""
+    """An autoscaled pool's rolls (autoscale.scale), to a new width or to a new pod template: of its
+    first ``held`` instances (those listed, and one a scale-in drains), one that formed its world rolls
+    only when it is ``released`` (drained off the router); None: none may yet. One that never formed
+    (pending) serves nothing and rolls as in any pool."""
 
     held: int
     released: int | None = None
@@ -73,9 +74,14 @@ def group_actions(
     for pool in sorted({g.pool for g in groups}):
         mine = sorted((g for g in groups if g.pool == pool), key=lambda g: g.index)
         gate = (gates or {}).get(pool)
-        # an autoscaled pool's instances that served at their old width change it only once drained
-        # and released, even one whose new nodes another instance runs (or in another's way)
-        held = {g.index for g in mine if gate is not None and gate.holds(g) and changes_width(g, now)}
+        # an autoscaled pool's instances that served at their old width (or on their old template)
+        # change it only once drained and released, even one whose new nodes another instance runs
+        # (or in another's way)
+        held = {
+            g.index
+            for g in mine
+            if gate is not None and gate.holds(g) and (changes_width(g, now) or changes_template(g, now))
+        }
         # groups that restart whatever the roll does (broken, or width changes that cannot wait) are
         # this pass's instances down: the roll goes on once they are ready again
         rolled = any(decide(g, now, False).action == "restart" for g in mine if g.index not in held)
@@ -85,7 +91,7 @@ def group_actions(
             # an instance that is not ready serves nothing: rolling it costs no capacity
             may = pool_may_roll(mine, g)
             released = gate is not None and g.index == gate.released and bool(g.members)
-            if released and rolls_to_new_width(g, now):
+            if released and (rolls_to_new_width(g, now) or changes_template(g, now)):
                 may = True  # drained first: the autoscaler saw the others up
             decision = decide(g, now, not rolled and may)
             if released and changes_width(g, now) and not rolls_to_new_width(g, now):

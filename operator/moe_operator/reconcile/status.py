@@ -66,6 +66,7 @@ def pool_status(
                 {g.index for g in mine if g.moved and g.resized_to and g.new_nodes_busy}
                 | {i for p_, i in waiting if p_ == pool}
             ),
+            "outdated": sorted(g.index for g in mine if g.pods and not g.moved and not is_updated(g)),
         }
     return out
 
