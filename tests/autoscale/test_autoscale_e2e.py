@@ -15,6 +15,8 @@ status.autoscaling lists as serving, and sends nothing to the others.
   narrow one leaves the router.
 - A person widens a pool in a cluster with no nodes to spare -> no instance the router lists is
   restarted or deleted: the one released waits for nodes (WidthRollStuck) until the width is set back.
+- A person changes the decode pool's arguments -> each instance leaves the router's list and
+  finishes its requests before it restarts on the new pod template.
 """
 
 from __future__ import annotations
@@ -448,3 +450,48 @@ def test_a_width_change_in_a_full_cluster_drains_each_instance_and_deletes_none_
             assert router.lost == {first: 0}, router.lost  # drained before it went; instance 1 never went
     finally:
         mark(None)
+
+
+def test_a_spec_change_drains_each_listed_instance_before_it_rolls(
+    api: httpx.Client, deployed: str, moe_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Two two-node decode instances serving, no room for a third (maxReplicas 2); a spec change
+    other than the width (a decode argument: a new pod template at the same width). Each instance in
+    turn leaves the router's list, finishes what it runs, and only then is restarted on the new
+    template; the router always lists one, and no request an engine ran is lost."""
+    obj, narrow, _ = _two_node_decode(minReplicas=2)
+    name = obj["metadata"]["name"]
+    assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
+    engine = {
+        "model": "deepseek-v3", "gpus": 16, "gpus_per_node": 8, "redundant": 32, "role": "decode",
+        "flags": {"kv-tokens": narrow},
+    }  # fmt: skip
+    router = Router(api, deployed, name, "decode", tmp_path, engine, rate=3.0)
+    with playing(router, moe_operator):
+        wait_for(lambda: router.play().get("serving") == 2 and router.play().get("latency"), 180,
+                 interval=1, what="two instances serving")  # fmt: skip
+        before = dict(router.uids)
+        merge = {"Content-Type": "application/merge-patch+json"}
+        body = {"spec": {"decode": {"extraArgs": ["--cuda-graph-max-bs-decode", "64"]}}}
+        r = api.patch(moed_path(deployed, name), json=body, headers=merge)
+        assert r.status_code == 200, r.text
+        router.timeline.append(f"t={time.monotonic() - router.start:5.1f}s --- decode extraArgs changed ---")
+        fewest = [2]
+
+        def both_rolled() -> bool:
+            st = router.play()
+            fewest.append(
+                len([i for i in range(int(st.get("serving") or 1)) if i != st.get("rollingInstance")])
+            )
+            renewed = all(router.uids.get(i) not in (None, uid) for i, uid in before.items())
+            return renewed and st.get("serving") == 2 and st.get("rollingInstance") is None
+
+        wait_for(both_rolled, 300, interval=1, what="both instances drained and rolled onto the new spec")
+        said = router.events()
+        assert sum(e.startswith("SpecDraining") for e in said) == 2, said
+        drained = [e for e in said if e.startswith("SpecDrained")]
+        assert len(drained) == 2 and all("finished its requests" in e for e in drained), said
+        assert sum(e.startswith("RollingOut") and "decode instance" in e for e in said) == 2, said
+        assert not any(e.startswith("GroupRestarting") and "decode" in e for e in said), said
+        assert min(fewest) >= 1 and router.status().get("instances") == 2
+        assert router.lost == {f"{name}-decode-0": 0, f"{name}-decode-1": 0}, router.lost
