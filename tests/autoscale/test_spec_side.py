@@ -340,6 +340,8 @@ def test_a_width_is_applied_only_wider_between_changes_with_one_instance_left_se
     assert all(width is None for width, _ in held.values())
     assert "spec.gpuBudget" in held["budget"][1] and "minReplicas 2" in held["alone"][1]
     assert held["rolls"][1] == held["rolling"][1] == "a width change is still rolling"
+    spec_roll = Scale(2, 2, rolling=0, rolling_since=NOW, rolling_spec=True)
+    assert width_to_apply(True, 4, 2, spec_roll, (), True) == (None, "a spec change is still rolling")
     assert held["boots"][1] == held["drains"][1] == "a scale-out or drain is under way"
     # a chosen width that did not come up: none is chosen again before widthRetryAfter
     paused = width_to_apply(True, 4, 2, steady, (), True, retry_at=NOW + 90, now=NOW)

@@ -213,6 +213,13 @@ def test_an_autoscaled_spec_roll_rolls_only_the_instance_the_autoscaler_drained(
     assert released.restarts[0].restarts == 0  # a roll, not a failure
     ungated = group_actions(stale[:2], NOW, nodes={"n0"})
     assert [r.group.index for r in ungated.restarts] == [0]
+    # ready but with no world recorded (its template changed while its pods were pending): it may
+    # serve, so it is held all the same; one pending is not
+    unrecorded = [_group(0, template="t0"), _group(1, template="t0")]
+    assert group_actions(unrecorded, NOW, nodes={"n0"}, gates={"decode": WidthGate(2)}).restarts == []
+    pending = [_group(0, template="t0", ready=False, phase="Pending"), _group(1, template="t0")]
+    assert [r.group.index for r in group_actions(pending, NOW, nodes={"n0"},
+                                                  gates={"decode": WidthGate(2)}).restarts] == [0]  # fmt: skip
     # a broken one restarts at once whatever the gate (its world is gone: nothing to drain)
     broken = replace(_group(0, template="t0", phase="Failed"), members=stale[0].members)
     assert [r.reason for r in group_actions([broken, stale[1]], NOW, nodes={"n0"},

@@ -318,12 +318,14 @@ class PoolAutoscalingStatus(StatusObject):
     width_waiting_since: str | None = Field(
         default=None,
         json_schema_extra={"format": "date-time"},
-        description="Since when a width change waits for a listed instance that is down (absent otherwise).",
+        description="Since when a roll (a width change, or a spec roll) waits for a listed instance that is "
+        "down (absent otherwise).",
     )
     width_waiting_reported: str | None = Field(
         default=None,
         json_schema_extra={"format": "date-time"},
-        description="When that wait was last reported (WidthRollWaiting, every twice bootTime).",
+        description="When that wait was last reported (WidthRollWaiting or SpecRollWaiting, every twice "
+        "bootTime).",
     )
     model: str = Field(
         default="",

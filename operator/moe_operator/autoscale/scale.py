@@ -132,28 +132,30 @@ def _advance(
     ``ready``, which counts only the new width's); ``blocked``: instances a width change cannot roll
     yet (their new nodes busy, or none planned): the others at the old width drain first;
     ``outdated``: instances at the spec's width whose pods run an older template, rolled the same way
-    (drained, released, listed again once ready on the new one), after the width change if both."""
+    (drained, released, listed again once ready on the new one) but at one instance fewer (none is
+    created for them, and the pool may shrink between two of them), after a width change if both."""
     if s.blocked_until is not None and now < s.blocked_until:
         want = min(want, s.instances)
     if s.draining:
         return _drain(s, need, idle, now, drain_timeout_s, router_settled)
-    old = frozenset(old_width) | frozenset(outdated)
-    if s.rolling is not None or any(i < s.serving for i in old):
-        want = max(want, s.instances)  # a roll keeps what it created until every instance is renewed
+    if s.rolling is not None or any(i < s.serving for i in old_width):
+        # a roll under way keeps its instance; a width change keeps what it created until every
+        # instance is wide (a spec roll does not hold the pool's size: a scale-in the load allows
+        # goes between two of its instances, and none is created for it)
+        want = max(want, s.instances)
     if s.instances > s.serving:
         return _grow(s, want, ready, now, boot_s)
     if s.rolling is not None and want == s.instances:  # growth for load goes first
-        return _roll(s, old, ready, idle, now, boot_s, drain_timeout_s, router_settled)
+        done_unless = frozenset(outdated) if s.rolling_spec else frozenset(old_width)
+        return _roll(s, done_unless, ready, idle, now, boot_s, drain_timeout_s, router_settled)
     listed_old = sorted(i for i in old_width if i < s.serving)
-    listed_outdated = sorted(i for i in old if i < s.serving and i not in old_width)
-    if (listed_old or listed_outdated) and want == s.instances:
+    listed_outdated = sorted(i for i in outdated if i < s.serving and i not in old_width)
+    if listed_old and want == s.instances:
         paused = s.blocked_until is not None and now < s.blocked_until  # one at the new width failed
-        if listed_old:
-            first = [i for i in listed_old if i not in blocked] + [i for i in listed_old if i in blocked]
-        else:
-            first = listed_outdated
-        kind = WIDTH if listed_old else SPEC
-        return _widen(s, first, ready if up is None else up, now, room and not paused, boot_s, kind)
+        first = [i for i in listed_old if i not in blocked] + [i for i in listed_old if i in blocked]
+        return _widen(s, first, ready if up is None else up, now, room and not paused, boot_s)
+    if listed_outdated and want == s.instances:
+        return _widen(s, listed_outdated, ready if up is None else up, now, False, boot_s, SPEC)
     if want > s.instances:
         grown = replace(s, instances=want, pending_since=now, last_change=now)
         return Step(
@@ -281,8 +283,10 @@ def _roll(
     boot_s: float, timeout_s: float, router_settled: bool,
 ) -> Step:  # fmt: skip
     """Instance ``rolling``: drained (idle after the router dropped it, or the timeout), then released
-    to the reconciler, then listed again once it is ready and no longer ``old``. One released and not
-    ready twice the boot time later is reported, again every twice the boot time while it lasts."""
+    to the reconciler, then listed again once it is ready and no longer ``old`` (for a width change,
+    at the new width: a pod template that changed meanwhile is a spec roll of its own, later). One
+    released and not ready twice the boot time later is reported, again every twice the boot time
+    while it lasts."""
     i, kind = s.rolling, SPEC if s.rolling_spec else WIDTH
     waited = now - (s.rolling_since if s.rolling_since is not None else now)
     if i is None or i >= s.serving or (i not in old and i in ready):
@@ -355,6 +359,8 @@ def width_to_apply(
         return None, f"a wider width did not come up; none is chosen again before {at} (widthRetryAfter)"
     if not fits:
         return None, f"the pool's instances at {recommended} node(s) each would pass spec.gpuBudget"
+    if s.rolling is not None and s.rolling_spec:
+        return None, "a spec change is still rolling"
     if s.rolling is not None or old:
         return None, "a width change is still rolling"
     if s.draining or s.instances != s.serving:

@@ -19,6 +19,7 @@ from moe_operator.lifecycle import (
     changes_width,
     decide,
     formed,
+    is_ready,
     pool_may_roll,
     restarts_after,
     rolls_to_new_width,
@@ -51,14 +52,16 @@ class WidthGate:
     """An autoscaled pool's rolls (autoscale.scale), to a new width or to a new pod template: of its
     first ``held`` instances (those listed, and one a scale-in drains), one that formed its world rolls
     only when it is ``released`` (drained off the router); None: none may yet. One that never formed
-    (pending) serves nothing and rolls as in any pool."""
+    and is not ready (pending) serves nothing and rolls as in any pool."""
 
     held: int
     released: int | None = None
 
     def holds(self, group: GroupState) -> bool:
-        """A group of the first ``held`` that formed its world (it may serve), not the released one."""
-        return group.index < self.held and bool(group.members) and group.index != self.released
+        """A group of the first ``held`` that formed its world or is ready (it may serve), not the released
+        one. (A world on a template that changed while its pods were pending is never recorded.)"""
+        serves = bool(group.members) or is_ready(group)
+        return group.index < self.held and serves and group.index != self.released
 
 
 def group_actions(
@@ -90,7 +93,7 @@ def group_actions(
                 continue
             # an instance that is not ready serves nothing: rolling it costs no capacity
             may = pool_may_roll(mine, g)
-            released = gate is not None and g.index == gate.released and bool(g.members)
+            released = gate is not None and g.index == gate.released and (bool(g.members) or is_ready(g))
             if released and (rolls_to_new_width(g, now) or changes_template(g, now)):
                 may = True  # drained first: the autoscaler saw the others up
             decision = decide(g, now, not rolled and may)
