@@ -240,6 +240,14 @@ def _two_node_decode(**autoscaling: Any) -> tuple[dict[str, Any], int, int]:
     return obj, kv_tokens_at_width(checked, "decode", 2), kv_tokens_at_width(checked, "decode", 4)
 
 
+def _two_node_engine(kv_tokens: int) -> dict[str, Any]:
+    """start_replay's arguments for a two-node decode instance's replay engine holding ``kv_tokens``."""
+    return {
+        "model": "deepseek-v3", "gpus": 16, "gpus_per_node": 8, "redundant": 32, "role": "decode",
+        "flags": {"kv-tokens": kv_tokens},
+    }  # fmt: skip
+
+
 def test_kv_pressure_at_a_fixed_rate_is_kv_bound_and_a_wider_instance_replaces_each_narrow_one(
     api: httpx.Client, deployed: str, moe_operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -327,10 +335,7 @@ def test_a_width_change_with_room_serves_at_the_new_width_before_the_narrow_inst
     obj, narrow, wide = _two_node_decode()
     name = obj["metadata"]["name"]
     assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
-    engine = {
-        "model": "deepseek-v3", "gpus": 16, "gpus_per_node": 8, "redundant": 32, "role": "decode",
-        "flags": {"kv-tokens": narrow},
-    }  # fmt: skip
+    engine = _two_node_engine(narrow)
     router = Router(api, deployed, name, "decode", tmp_path, engine, rate=3.0)
     with playing(router, moe_operator):
         wait_for(lambda: router.play().get("reason") in ("steady", "cooldown") and router.play().get("latency"),
@@ -395,10 +400,7 @@ def test_a_width_change_in_a_full_cluster_drains_each_instance_and_deletes_none_
 
     wait_for(lambda: not busy(), 120, interval=2, what="the eight nodes free of earlier tests' pods")
     mark(deployed)
-    engine = {
-        "model": "deepseek-v3", "gpus": 16, "gpus_per_node": 8, "redundant": 32, "role": "decode",
-        "flags": {"kv-tokens": narrow},
-    }  # fmt: skip
+    engine = _two_node_engine(narrow)
     try:
         assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
         router = Router(api, deployed, name, "decode", tmp_path, engine, rate=3.0)
@@ -462,10 +464,7 @@ def test_a_spec_change_drains_each_listed_instance_before_it_rolls(
     obj, narrow, _ = _two_node_decode(minReplicas=2)
     name = obj["metadata"]["name"]
     assert api.post(moed_path(deployed), json=obj).status_code == 201, "spec refused"
-    engine = {
-        "model": "deepseek-v3", "gpus": 16, "gpus_per_node": 8, "redundant": 32, "role": "decode",
-        "flags": {"kv-tokens": narrow},
-    }  # fmt: skip
+    engine = _two_node_engine(narrow)
     router = Router(api, deployed, name, "decode", tmp_path, engine, rate=3.0)
     with playing(router, moe_operator):
         wait_for(lambda: router.play().get("serving") == 2 and router.play().get("latency"), 180,

@@ -208,9 +208,9 @@ def test_width_blocked_is_read_as_instance_indexes_only() -> None:
     def pools(value: object) -> dict[str, object]:
         return {"pools": {"decode": {"widthBlocked": value}}}
 
-    assert codec.read_blocked(pools([0, 3]), "decode") == {0, 3}
-    assert codec.read_blocked(pools([True, -1, 256, "1", 2.0, 5]), "decode") == {5}
-    assert codec.read_blocked(pools("0,1"), "decode") == frozenset()
-    assert codec.read_blocked(pools([1]), "prefill") == frozenset()
-    assert codec.read_blocked({"pools": []}, "decode") == frozenset()
-    assert codec.read_blocked({}, "decode") == frozenset()
+    assert codec.read_indexes(pools([0, 3]), "decode", "widthBlocked") == {0, 3}
+    assert codec.read_indexes(pools([True, -1, 256, "1", 2.0, 5]), "decode", "widthBlocked") == {5}
+    assert codec.read_indexes(pools("0,1"), "decode", "widthBlocked") == frozenset()
+    assert codec.read_indexes(pools([1]), "prefill", "widthBlocked") == frozenset()
+    assert codec.read_indexes({"pools": []}, "decode", "widthBlocked") == frozenset()
+    assert codec.read_indexes({}, "decode", "widthBlocked") == frozenset()

@@ -349,12 +349,9 @@ def test_a_width_is_applied_only_wider_between_changes_with_one_instance_left_se
     assert width_to_apply(True, 4, 2, steady, (), True, retry_at=NOW, now=NOW) == (4, "")
 
 
-def test_a_chosen_width_that_does_not_come_up_is_given_up_and_not_chosen_again_for_a_while(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """widthChanges Apply chose 18 nodes; the instance released to roll onto it is stuck (or the one
-    created at it was rolled back): status goes back to the spec's 9 with a Warning, widthRetryAfter
-    six bootTimes ahead, and the next ticks hold the recommendation until then."""
+def _chosen_18_of_9(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, ...]:
+    """widthChanges Apply has chosen 18 nodes for a decode pool whose spec says 9, three instances;
+    the events choose_width posts; a decision recommending 18; the step of a released one stuck."""
     from moe_operator.autoscale.decide import Width
     from moe_operator.handlers import autoscale_loop
 
@@ -368,17 +365,26 @@ def test_a_chosen_width_that_does_not_come_up_is_given_up_and_not_chosen_again_f
                                                     "nodesPerReplicaOptions": [18], "bootTime": "5m"})  # fmt: skip
     raw["decode"]["nodesPerReplica"] = 9
     written = MoEDeploymentSpec.model_validate(raw)
-    status = {
-        "autoscaling": {
-            "decode": {"instances": 3, "serving": 3, "nodesPerReplica": 18, "nodesPerReplicaFrom": 9}
-        }
-    }
-    spec = running_spec(written, raw, status, DEFAULT_POLICY, "ns")
+    chosen = {"instances": 3, "serving": 3, "nodesPerReplica": 18, "nodesPerReplicaFrom": 9}
+    spec = running_spec(written, raw, {"autoscaling": {"decode": chosen}}, DEFAULT_POLICY, "ns")
     body = {"metadata": {"name": "m", "namespace": "ns", "uid": "u"}, "spec": raw}
     decision = PoolDecision(3, 3, "steady", "", 3, PoolState(instances=3, fits={}), width=Width(18, 144, 1.0))
     stuck = Step(
         Scale(3, 3, rolling=0, released=True, rolling_since=NOW), "width_stuck", "WidthRollStuck", "x"
     )
+    return events, raw, written, chosen, spec, body, decision, stuck
+
+
+def test_a_chosen_width_that_does_not_come_up_is_given_up_and_not_chosen_again_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """widthChanges Apply chose 18 nodes; the instance released to roll onto it is stuck (or the one
+    created at it was rolled back): status goes back to the spec's 9 with a Warning, widthRetryAfter
+    six bootTimes ahead, and the next ticks hold the recommendation until then."""
+    from moe_operator.handlers import autoscale_loop
+
+    events, _, written, chosen, spec, body, decision, stuck = _chosen_18_of_9(monkeypatch)
+    status = {"autoscaling": {"decode": chosen}}
 
     def choose(step: Step, st: dict[str, Any], at: dict[str, Any] | None = None) -> dict[str, Any]:
         run = spec if at is None else at
@@ -415,23 +421,7 @@ def test_chosen_widths_that_keep_failing_are_retried_ever_more_rarely_and_a_succ
     from moe_operator.handlers import autoscale_loop
 
     assert [retry_pause_boots(n) for n in (0, 1, 2, 3, 4, 5, 6, 64)] == [6, 6, 12, 24, 48, 96, 96, 96]
-    events: list[tuple[str, str, str]] = []
-    monkeypatch.setattr(
-        autoscale_loop.kopf,
-        "event",
-        lambda body, type, reason, message: events.append((type, reason, message)),
-    )
-    raw = _spec("deepseek-v3-pd-h100.yaml", decode={**AUTO, "slo": {"itl": "50ms"}, "widthChanges": "Apply",
-                                                    "nodesPerReplicaOptions": [18], "bootTime": "5m"})  # fmt: skip
-    raw["decode"]["nodesPerReplica"] = 9
-    written = MoEDeploymentSpec.model_validate(raw)
-    chosen = {"instances": 3, "serving": 3, "nodesPerReplica": 18, "nodesPerReplicaFrom": 9}
-    spec = running_spec(written, raw, {"autoscaling": {"decode": chosen}}, DEFAULT_POLICY, "ns")
-    body = {"metadata": {"name": "m", "namespace": "ns", "uid": "u"}, "spec": raw}
-    decision = PoolDecision(3, 3, "steady", "", 3, PoolState(instances=3, fits={}), width=Width(18, 144, 1.0))
-    stuck = Step(
-        Scale(3, 3, rolling=0, released=True, rolling_since=NOW), "width_stuck", "WidthRollStuck", "x"
-    )
+    events, raw, written, chosen, spec, body, decision, stuck = _chosen_18_of_9(monkeypatch)
 
     def choose(step: Step, pool_status: dict[str, Any], old: frozenset[int]) -> dict[str, Any]:
         st = {"autoscaling": {"decode": pool_status}}

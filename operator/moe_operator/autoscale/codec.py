@@ -194,9 +194,9 @@ def read_failures(raw: Mapping[str, Any]) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 64 else 0
 
 
-def read_blocked(status: Mapping[str, Any], pool: str, key: str = "widthBlocked") -> frozenset[int]:
-    """status.pools.<pool>.widthBlocked, or another list of instances ``key`` names (the reconciler's):
-    instance indexes, anything else dropped."""
+def read_indexes(status: Mapping[str, Any], pool: str, key: str) -> frozenset[int]:
+    """A list of instances the reconciler keeps in status.pools.<pool> (``key``: widthBlocked,
+    outdated): instance indexes, anything else dropped."""
     pools = status.get("pools")
     raw = (pools.get(pool) if isinstance(pools, Mapping) else None) or {}
     items = raw.get(key) if isinstance(raw, Mapping) else None

@@ -42,11 +42,14 @@ class Roll:
     events: str  # event reasons: <events>Draining, ...
     new: str  # "the new width"
     at_new: str  # "at the new width"
-    old: str  # "at the old width"
+    alone: str  # why the only instance listed rolls undrained
 
 
-WIDTH = Roll("width", "Width", "the new width", "at the new width", "at the old width")
-SPEC = Roll("spec", "Spec", "the new spec", "on the new spec", "on the old spec")
+WIDTH = Roll(
+    "width", "Width", "the new width", "at the new width",
+    "no room for one at the new width first (maxReplicas or gpuBudget)",
+)  # fmt: skip
+SPEC = Roll("spec", "Spec", "the new spec", "on the new spec", "a spec roll creates no extra instance")
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class Scale:
     released: bool = False  # ``rolling`` finished its requests: the reconciler may roll it now
     rolling_since: float | None = None  # when ``rolling`` left the list, or was released
     rolling_spec: bool = False  # ``rolling`` rolls to a new pod template at its width (not to a new width)
-    waiting_since: float | None = None  # a width change has waited for a listed instance that is down since
+    waiting_since: float | None = None  # a roll has waited for a listed instance that is down since
     waiting_reported: float | None = None  # and last said so
 
 
@@ -95,33 +98,6 @@ def advance(
     blocked: Collection[int] = (),
     outdated: Collection[int] = (),
 ) -> Step:
-    """One tick (see ``_advance``); a roll's wait for a listed instance is timed only while it lasts:
-    any other step ends it."""
-    step = _advance(
-        s, want, need, ready, idle, now, boot_s, drain_timeout_s, router_settled, old_width, room, up, blocked,
-        outdated,
-    )  # fmt: skip
-    if step.reason.endswith("_waiting"):
-        return step
-    return replace(step, scale=replace(step.scale, waiting_since=None, waiting_reported=None))
-
-
-def _advance(
-    s: Scale,
-    want: int,
-    need: int | None,
-    ready: Collection[int],
-    idle: Collection[int],
-    now: float,
-    boot_s: float,
-    drain_timeout_s: float,
-    router_settled: bool = True,
-    old_width: Collection[int] = (),
-    room: bool = False,
-    up: Collection[int] | None = None,
-    blocked: Collection[int] = (),
-    outdated: Collection[int] = (),
-) -> Step:
     """One tick: ``want`` is the decision's size and ``need`` what the load needs (a drain is
     cancelled only when the load needs the instance back; None: no data, nothing is cancelled);
     ``ready`` and ``idle`` are instance indexes as observed; ``router_settled``: the router runs
@@ -133,7 +109,11 @@ def _advance(
     yet (their new nodes busy, or none planned): the others at the old width drain first;
     ``outdated``: instances at the spec's width whose pods run an older template, rolled the same way
     (drained, released, listed again once ready on the new one) but at one instance fewer (none is
-    created for them, and the pool may shrink between two of them), after a width change if both."""
+    created for them, and the pool may shrink between two of them), after a width change if both.
+    A roll's wait for a listed instance that is down is timed only while it lasts: any other step
+    ends it."""
+    wait = (s.waiting_since, s.waiting_reported)
+    s = replace(s, waiting_since=None, waiting_reported=None)
     if s.blocked_until is not None and now < s.blocked_until:
         want = min(want, s.instances)
     if s.draining:
@@ -153,9 +133,9 @@ def _advance(
     if listed_old and want == s.instances:
         paused = s.blocked_until is not None and now < s.blocked_until  # one at the new width failed
         first = [i for i in listed_old if i not in blocked] + [i for i in listed_old if i in blocked]
-        return _widen(s, first, ready if up is None else up, now, room and not paused, boot_s)
+        return _widen(s, first, ready if up is None else up, now, room and not paused, boot_s, wait)
     if listed_outdated and want == s.instances:
-        return _widen(s, listed_outdated, ready if up is None else up, now, False, boot_s, SPEC)
+        return _widen(s, listed_outdated, ready if up is None else up, now, False, boot_s, wait, SPEC)
     if want > s.instances:
         grown = replace(s, instances=want, pending_since=now, last_change=now)
         return Step(
@@ -230,25 +210,26 @@ def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float
 
 
 def _widen(
-    s: Scale, old: list[int], up: Collection[int], now: float, room: bool, boot_s: float, kind: Roll = WIDTH
-) -> Step:
-    """The next step of a roll: an instance on ``kind.new`` first (when none serves yet and there is
-    room), then the first of ``old`` (in the order to drain them) off the list once every listed one
-    is up. A wait for a listed one that is down is reported twice the boot time after it began, and
-    again every twice the boot time while it lasts."""
+    s: Scale, old: list[int], up: Collection[int], now: float, room: bool, boot_s: float,
+    wait: tuple[float | None, float | None], kind: Roll = WIDTH,
+) -> Step:  # fmt: skip
+    """The next step of a roll: (for a width change) an instance at the new width first when none
+    serves yet and there is room, then the first of ``old`` (in the order to drain them) off the list
+    once every listed one is up. A wait for a listed one that is down (``wait``: since when, last
+    reported) is reported twice the boot time after it began, and again every twice the boot time."""
     if room and len(old) == s.serving:
         grown = replace(s, instances=s.instances + 1, pending_since=now, last_change=now)
         return Step(
             grown,
             "scale_out",
             "ScalingOut",
-            f"creating instance {s.instances} {kind.at_new} before any {kind.old} drains: "
+            f"creating instance {s.instances} at the new width before any at the old width drains: "
             f"{s.instances} -> {s.instances + 1}",
         )
     down = [i for i in range(s.serving) if i not in up]
     if down:  # a roll takes one instance at a time, the others serving
-        since = s.waiting_since if s.waiting_since is not None else now
-        last = s.waiting_reported if s.waiting_reported is not None else since
+        since = wait[0] if wait[0] is not None else now
+        last = wait[1] if wait[1] is not None else since
         if now - last <= 2 * boot_s:
             return Step(replace(s, waiting_since=since), f"{kind.word}_waiting")
         return Step(
@@ -266,8 +247,8 @@ def _widen(
             alone,
             f"{kind.word}_drained",
             f"{kind.events}Drained",
-            f"instance {i}, the only one listed, rolls to {kind.new} at once: no room for one "
-            f"{kind.at_new} first (maxReplicas or gpuBudget); its requests in flight are lost",
+            f"instance {i}, the only one listed, rolls to {kind.new} at once: {kind.alone}; its requests "
+            "in flight are lost",
         )
     off = replace(s, rolling=i, released=False, rolling_since=now, last_change=now, rolling_spec=spec)
     return Step(

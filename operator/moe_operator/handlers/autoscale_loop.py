@@ -367,8 +367,8 @@ def autoscale_timer(
     for pool, (decision, obs) in decided.items():
         room = surge_room(spec, policies, scales, decisions, widths, pool, committed)
         view = (
-            *width_view(spec, pods, pool, widths), codec.read_blocked(status, pool),
-            codec.read_blocked(status, pool, "outdated"),
+            *width_view(spec, pods, pool, widths), codec.read_indexes(status, pool, "widthBlocked"),
+            codec.read_indexes(status, pool, "outdated"),
         )  # fmt: skip
         step = act(spec, pool, policies[pool], scales[pool], decision, pods, samples, router, now, view, room)
         extra = step.scale.instances - max(scales[pool].instances, decision.instances)
