@@ -9,10 +9,12 @@ and 5% noise on what the controllers observe. The controllers see only what SGLa
 has work to do. An interval meets the SLO when both p90 TTFT and p90 ITL are inside it.
 
 Policies, side by side on the same trace:
-- ``fixed``: the smallest constant size meeting the SLO in 99% of intervals, searched on the
-  very trace (in hindsight: it knows when the day's bursts fall);
-- ``fixed/adv``: the size a planner fixes in advance, per pool the largest of the ``fixed``
-  sizes of the ``--tune-seeds`` traces of the same kind, judged on each trace;
+- ``fixed``: the constant size with the fewest GPUs meeting the SLO in 99% of intervals, searched
+  exactly on the very trace (in hindsight: it knows when that day's bursts fall);
+- ``fixed/adv``: the size a planner fixes in advance: the smallest meeting the SLO in 99% of the
+  intervals of every ``--tune-seeds`` trace of the same kind, judged on each trace;
+- ``fixed/all``: one size for every trace of the run (``--seeds``) of the same kind, the smallest
+  meeting 99% on each (one deployment sized in hindsight for all of those days, not per day);
 - ``threshold/180s`` and ``threshold/30s``: Dynamo's load-mode rule (autoscale/threshold.py) at
   its default interval and at ours;
 - ``threshold/tuned``: the same rule every 30 s with its thresholds searched, per pool, for the
@@ -59,6 +61,7 @@ from moe_operator.autoscale.model import Fit
 from moe_operator.autoscale.threshold import ThresholdRule, threshold_step
 
 DT = 30.0
+MAX_FIXED = 200  # instances per pool the fixed-size search goes up to
 SLO = {"ttft": 1.0, "itl": 0.06}
 
 
@@ -107,7 +110,8 @@ class PoolSim:
         rho = offered / (n * f.mu)
         served = min(offered, n * f.mu * 0.99)
         self.backlog = max(0.0, (offered - served) * DT)
-        latency = f.base_s / (1 - min(rho, 0.99)) + self.backlog / (n * f.mu)
+        in_queue = f.base_s / (1 - min(rho, 0.99))  # the steady queue's latency
+        latency = in_queue + self.backlog / (n * f.mu)  # and the wait for the backlog ahead
         seen = latency * math.exp(rng.normal(0, 0.05))
         per = served / n
         usage = min(
@@ -117,7 +121,9 @@ class PoolSim:
             / f.rate_at(SLO[self.truth.metric])
             * (latency / f.latency(f.rate_at(SLO[self.truth.metric]))),
         )
-        queued = self.backlog + per * max(0.0, latency - f.base_s) * n
+        # waiting: the backlog, and by Little's law what the steady queue holds (the backlog's
+        # own wait is in ``latency``, not here, or it would count the backlog twice)
+        queued = self.backlog + served * max(0.0, in_queue - f.base_s)
         obs = PoolObservation(
             at=now,
             serving=self.serving,
@@ -179,26 +185,57 @@ def run(
     }
 
 
+def _pool_met(lam: np.ndarray, truth: PoolTruth, n: int) -> np.ndarray:
+    """Per interval, whether a pool of ``n`` instances meets its SLO (no controller: no noise)."""
+    p = PoolSim(truth, n)
+    rng = np.random.default_rng(0)  # feeds only the observation, which nothing reads here
+    return np.array([p.step(float(rate), i * DT, rng)[0] <= SLO[truth.metric] for i, rate in enumerate(lam)])
+
+
+def fixed_size(lams: list[np.ndarray]) -> dict[str, int]:
+    """The fixed size with the fewest GPUs that meets the SLO (both pools in the same interval) in
+    99% of the intervals of every trace given.
+
+    Searched exactly: each pool's met intervals per size, then every pair from the sizes each
+    pool needs alone, the larger prefill pools only while they can still be cheaper."""
+    met: dict[tuple[str, int], list[np.ndarray]] = {}
+
+    def ok(truth: PoolTruth, n: int) -> list[np.ndarray]:
+        if (truth.role, n) not in met:
+            met[truth.role, n] = [_pool_met(lam, truth, n) for lam in lams]
+        return met[truth.role, n]
+
+    def meets(p: int, d: int) -> bool:
+        return all((a & b).mean() >= 0.99 for a, b in zip(ok(PREFILL, p), ok(DECODE, d), strict=True))
+
+    def alone(truth: PoolTruth) -> int:
+        n = 1
+        while n < MAX_FIXED and min(m.mean() for m in ok(truth, n)) < 0.99:
+            n += 1
+        return n
+
+    def gpus(p: int, d: int) -> int:
+        return p * PREFILL.gpus + d * DECODE.gpus
+
+    p_lo, d_lo = alone(PREFILL), alone(DECODE)
+    best: tuple[int, int] | None = None
+    for p in range(p_lo, MAX_FIXED + 1):
+        if best is not None and gpus(p, d_lo) >= gpus(*best):
+            break
+        for d in range(d_lo, MAX_FIXED + 1):
+            if best is not None and gpus(p, d) >= gpus(*best):
+                break
+            if meets(p, d):
+                best = (p, d)
+                break
+    assert best is not None, f"no fixed size up to {MAX_FIXED} instances per pool meets the SLO"
+    return {"prefill": best[0], "decode": best[1]}
+
+
 def fixed(lam: np.ndarray, boot_s: float, seed: int) -> tuple[dict[str, float], dict[str, int]]:
-    size = {"prefill": 1, "decode": 1}
-    while True:
-        r = run(lam, size, None, boot_s, seed)
-        if r["slo"] >= 0.99 or size["decode"] > 200:
-            return r, size
-        # grow the pool that misses more on its own
-        miss = {}
-        for name in size:
-            other = dict(size, **{n: 200 for n in size if n != name})
-            miss[name] = 1 - run(lam, other, None, boot_s, seed)["slo"]
-        worst = max(miss, key=lambda k: miss[k])
-        size[worst] += max(1, size[worst] // 8)
-
-
-def fixed_in_advance(kind: str, seeds: list[int], hours: float, boot_s: float) -> dict[str, int]:
-    """The size a planner fixes before the day: per pool the largest of the seeds' fixed sizes,
-    so it meets 99% on each of them (a larger pool never has a slower interval here)."""
-    sizes = [fixed(trace(kind, seed, hours), boot_s, seed)[1] for seed in seeds]
-    return {pool: max(s[pool] for s in sizes) for pool in ("prefill", "decode")}
+    """The fixed size chosen in hindsight on this very trace, and its run."""
+    size = fixed_size([lam])
+    return run(lam, size, None, boot_s, seed), size
 
 
 def slo_controller(prior_error: float, boot_s: float, reserve: float = BURST_RESERVE) -> Controller:
@@ -309,16 +346,21 @@ def main() -> None:
     )
     print(
         f"{'trace':8} {'seed':>4} {'policy':18} {'GPU-h':>8} {'SLO met':>8} {'GPU-h vs fixed':>15} {'vs in advance':>14}"
+        f" {'vs all':>7}"
     )
     for kind in a.traces.split(","):
-        advance = fixed_in_advance(kind, tune_seeds, a.hours, a.boot)
-        for seed in (int(s) for s in a.seeds.split(",")):
+        seeds = [int(s) for s in a.seeds.split(",")]
+        advance = fixed_size([trace(kind, seed, a.hours) for seed in tune_seeds])
+        every = fixed_size([trace(kind, seed, a.hours) for seed in seeds])
+        for seed in seeds:
             t0 = time.perf_counter()
             lam = trace(kind, seed, a.hours)
             base, size = fixed(lam, a.boot, seed)
             rows = [(f"fixed {size['prefill']}P{size['decode']}D", base)]
             ahead = run(lam, advance, None, a.boot, seed)
             rows.append((f"fixed/adv {advance['prefill']}P{advance['decode']}D", ahead))
+            everywhere = run(lam, every, None, a.boot, seed)
+            rows.append((f"fixed/all {every['prefill']}P{every['decode']}D", everywhere))
             start = dict(size)
             for label, ctl in (
                 ("threshold/180s", threshold_controller(ThresholdRule(interval_s=180.0))),
@@ -332,6 +374,7 @@ def main() -> None:
                 print(
                     f"{kind:8} {seed:>4} {label:18} {r['gpu_h']:8.0f} {r['slo']:8.2%} "
                     f"{r['gpu_h'] / base['gpu_h']:15.2f} {r['gpu_h'] / ahead['gpu_h']:14.2f}"
+                    f" {r['gpu_h'] / everywhere['gpu_h']:7.2f}"
                 )
             print(f"{'':8} {'':4} ({time.perf_counter() - t0:.1f} s)")
 
