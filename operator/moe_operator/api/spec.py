@@ -222,9 +222,9 @@ class PoolAutoscalingSpec(APIObject):
         le=100,
         description="Percent of the rate an instance can take at the SLO that the pool is planned "
         "to: lower keeps more headroom against noise, and against bursts in proportion to the load "
-        "(70 with burstReserve 50 met the SLO through bursts that outrun bootTime in "
-        "benchmarks/autoscale_bench.py, where 90 did not; on smooth load it costs about a third "
-        "more GPU-hours).",
+        "(in benchmarks/autoscale_bench.py, with a 5-minute bootTime and bursts that rise faster, "
+        "70 with burstReserve 50 met the SLO where the defaults did not; on smooth load it costs "
+        "about a third more GPU-hours).",
     )
     nodes_per_replica_options: list[Annotated[int, Field(ge=1, le=128)]] = Field(
         default_factory=list,
