@@ -28,6 +28,9 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+# Step reasons of a change that did not come up: a scale-out rolled back, an instance released to
+# roll not ready (status words; MoEAutoscalerChangeFailing alerts on them)
+FAILED = ("rolled_back", "width_stuck", "spec_stuck")
 MIN_DRAIN_S = 30.0  # and the router settled: old router pods may still send until they are replaced
 WIDTH_RETRY_BOOTS = 6  # a chosen width that did not come up is not chosen again for this many bootTimes,
 WIDTH_RETRY_MAX_BOOTS = 96  # doubled for each one in a row that did not, up to this many

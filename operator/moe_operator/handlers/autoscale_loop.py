@@ -29,6 +29,7 @@ from moe_operator.autoscale.observe import idle, pool_observation
 from moe_operator.autoscale.policy import pool_policy, scaled_pools
 from moe_operator.autoscale.prior import resume
 from moe_operator.autoscale.scale import (
+    FAILED,
     WIDTH_RETRY_MAX_BOOTS,
     Scale,
     Step,
@@ -264,10 +265,14 @@ def report(
 ) -> None:  # fmt: skip
     """One pool's tick in metrics, events and the log."""
     namespace, name = str(body.metadata.namespace or ""), str(body.metadata.name)
+    for reason in FAILED:  # at 0 from the first decision, so that an alert's increase() sees the first
+        op.metrics.counter("moe_operator_autoscale_decisions_total", namespace, name, pool, reason)
     op.metrics.counter(
         "moe_operator_autoscale_decisions_total", namespace, name, pool, written["reason"]
     ).inc()
-    for kind, value in (("target", step.scale.instances), ("serving", step.scale.serving)):
+    for kind, value in (
+        ("target", step.scale.instances), ("serving", step.scale.serving), ("need", written["need"]),
+    ):  # fmt: skip
         op.metrics.gauge("moe_operator_autoscale_instances", namespace, name, pool, kind).set(value)
     if step.event:
         kind = "Warning" if Reason(step.event) in WARNINGS else "Normal"

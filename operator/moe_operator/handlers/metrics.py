@@ -57,7 +57,7 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("moe_operator_placement_balancedness", "gauge", "Balancedness (mean/max GPU load); eplb mode operator: the mean over the pool's instances, each on its own window", (*POOL_LABELS, "kind")),
     MetricDef("moe_operator_placement_version", "gauge", "Published placement version (0: trivial)", POOL_LABELS),
     MetricDef("moe_operator_placement_age_seconds", "gauge", "Seconds since the placement was published", POOL_LABELS),
-    MetricDef("moe_operator_autoscale_instances", "gauge", "Instances the autoscaler keeps (kind=target) and the router lists (kind=serving)", (*POOL_LABELS, "kind")),
+    MetricDef("moe_operator_autoscale_instances", "gauge", "Instances the autoscaler keeps (kind=target), the router lists (kind=serving) and the load needs (kind=need: before minReplicas, maxReplicas and gpuBudget)", (*POOL_LABELS, "kind")),
     MetricDef("moe_operator_autoscale_decisions_total", "counter", "Autoscaler decisions by reason (steady, scale_out, draining, ...)", (*POOL_LABELS, "reason")),
     MetricDef("moe_operator_autoscale_scrape_failures_total", "counter", "Engine /metrics reads the autoscaler could not use", POOL_LABELS),
 )  # fmt: skip

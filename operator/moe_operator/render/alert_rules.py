@@ -26,6 +26,9 @@ TTFT_BUCKET = "sglang:time_to_first_token_seconds_bucket"
 ITL_BUCKET = "sglang:inter_token_latency_seconds_bucket"
 REQUESTS = "sglang:num_requests_total"
 RUNNING = "sglang:num_running_reqs"
+# autoscaler decision reasons of a change that did not come up (autoscale/scale.py); the operator
+# exports them at 0 from a pool's first decision, so increase() sees the first one
+AUTOSCALE_FAILURES = "rolled_back|width_stuck|spec_stuck"
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,11 @@ def alerts(t: Thresholds | None = None, scope: Scope | None = None) -> dict[str,
     unsampled = s("moe_runtime_plugin_windows_total", 'step_samples="missing"')
     sampled = s("moe_runtime_plugin_windows_total", 'step_samples="present"')
     waiting = s("moe_operator_condition", 'type="Progressing"', 'reason="WaitingForCapacity"')
+    decisions = "moe_operator_autoscale_decisions_total"
+    failed = s(decisions, f'reason=~"{AUTOSCALE_FAILURES}"')
+    no_data = s(decisions, 'reason="no_data"')
+    need = s("moe_operator_autoscale_instances", 'kind="need"')
+    kept = s("moe_operator_autoscale_instances", 'kind="target"')
     return {
         "moe-operator.expert-balance": [
             Alert(
@@ -284,6 +292,40 @@ def alerts(t: Thresholds | None = None, scope: Scope | None = None) -> dict[str,
                 "A pod group cannot be placed whole (not enough free nodes in one NVLink domain or rack) "
                 "for 15 minutes.",
                 "`Progressing` True with reason `WaitingForCapacity`",
+            ),
+        ],
+        "moe-operator.autoscaling": [
+            Alert(
+                "MoEAutoscalerAtLimit",
+                f"max without (kind) ({need})\n> max without (kind) ({kept})\n",
+                "15m",
+                "warning",
+                f"The load on {where} needs more instances than the autoscaler may run",
+                'The load needs {{ $value | printf "%.0f" }} instance(s), more than the autoscaler keeps, '
+                "for 15 minutes: maxReplicas or spec.gpuBudget caps the pool, so its SLO is not met.",
+                "instances the load needs > instances the autoscaler keeps",
+            ),
+            Alert(
+                "MoEAutoscalerChangeFailing",
+                f"sum by ({POOL}, reason) (increase({failed}[30m])) > 0\n",
+                "1m",
+                "warning",
+                f"A change the autoscaler made to {where} did not come up ({{{{ $labels.reason }}}})",
+                "In the last 30 minutes a scale-out was rolled back (rolled_back) or an instance released "
+                "to roll did not become ready (width_stuck, spec_stuck); events on the MoEDeployment say "
+                "which instance.",
+                "a scale-out rolled back or a roll stuck in 30m",
+            ),
+            Alert(
+                "MoEAutoscalerNoData",
+                f"sum by ({POOL}) (rate({no_data}[10m]))\n"
+                f"> 0.5 * sum by ({POOL}) (rate({s(decisions)}[10m]))\n",
+                "15m",
+                "warning",
+                f"The autoscaler cannot read the engines of {where}",
+                "Most of the pool's decisions in 10 minutes had no usable interval from any instance: "
+                "the pool keeps its size whatever the load.",
+                "over half the pool's decisions without data in 10m",
             ),
         ],
         "moe-operator.latency": [
