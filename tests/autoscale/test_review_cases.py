@@ -51,6 +51,23 @@ def test_a_burst_then_a_plateau_drains_without_undoing_itself() -> None:
     assert events.count("ScaledIn") >= 1
 
 
+def test_the_load_need_leaves_out_the_spare_capacity_the_need_holds() -> None:
+    """``need`` holds the burst reserve and the scale-in window's peak (what a drain must not undo);
+    ``load`` is what the load takes now, which MoEAutoscalerAtLimit compares with the instances
+    kept: a burst that has passed, capped at maxReplicas, must not read as load going unserved."""
+    policy = PoolPolicy(**{**POLICY.__dict__, "max_instances": 4, "scale_in_window_s": 1800.0})
+    state = PoolState(instances=4, fits={"itl": FIT})
+    loads = []
+    for i, rate in enumerate([3.0] * 10 + [20.0] * 4 + [3.0] * 20):
+        obs = PoolObservation(30.0 * i, 4, rate, {"itl": min(FIT.latency(rate / 4), 5.0)}, 0.3, 0.0)
+        d = decide_pool(policy, state, obs)
+        state = PoolState(**{**d.state.__dict__, "instances": d.instances})
+        assert d.load <= d.need
+        loads.append((d.load, d.need))
+    assert max(load for load, _ in loads[10:14]) > 4, loads  # during the burst: more than maxReplicas
+    assert loads[-1][0] <= 4 < loads[-1][1], loads  # after it: only the spare capacity asks for more
+
+
 def test_no_data_cancels_no_drain() -> None:
     draining = advance(Scale(3, 3), 2, 2, {0, 1, 2}, set(), 0, 300, 600).scale
     assert advance(draining, 3, None, {0, 1, 2}, set(), 30, 300, 600).scale.draining

@@ -100,6 +100,10 @@ class PoolDecision:
     state: PoolState
     width: Width | None = None  # a recommended size, when it holds the load on fewer GPUs
     numbers: dict[str, float] = field(default_factory=dict)
+    # instances the load needs now: the offered rate and queue, KV room, a breach (before min, max,
+    # budget). ``need`` also holds the burst reserve and the scale-in window's peak, spare capacity
+    # whose absence is no load going unserved (MoEAutoscalerAtLimit reads this one)
+    load: int = 0
 
 
 def _smoothed(rates: tuple[tuple[float, float], ...]) -> list[tuple[float, float]]:
@@ -219,7 +223,9 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
     """One interval's decision for one pool."""
     if obs is None or obs.serving <= 0 or not _usable(obs):
         why = "no instance answered with a usable interval; keeping the current size"
-        return PoolDecision(state.instances, state.instances, "no_data", why, state.instances, state)
+        return PoolDecision(
+            state.instances, state.instances, "no_data", why, state.instances, state, load=state.instances
+        )
     now = obs.at
     per = obs.rate / obs.serving
     fits = (
@@ -252,6 +258,7 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
     booting = max(0, state.instances - obs.serving)
     floor = obs.serving + 1 if breach and booting == 0 else 0
     need = max(need_out, kv, floor)  # what scale-out grows to
+    load = max(_need(policy, fits, offered + backlog)[0], kv, floor)  # and of it, what the load takes now
     keep_need = max(need, need_in)  # what scale-in keeps: the burst memory too, so a drain is not undone
     width = recommend_width(policy, obs, kv, max(need_out, floor))
     if kv > max(need_out, floor):
@@ -300,7 +307,7 @@ def decide_pool(policy: PoolPolicy, state: PoolState, obs: PoolObservation | Non
     if width is not None:
         message += f"; KV-bound: {width.nodes} node(s) per instance would hold it on fewer GPUs"
     new_state = replace(new_state, instances=target)
-    return PoolDecision(state.instances, target, reason, message, keep_need, new_state, width, numbers)
+    return PoolDecision(state.instances, target, reason, message, keep_need, new_state, width, numbers, load)
 
 
 def within_budget(

@@ -271,7 +271,7 @@ def report(
         "moe_operator_autoscale_decisions_total", namespace, name, pool, written["reason"]
     ).inc()
     for kind, value in (
-        ("target", step.scale.instances), ("serving", step.scale.serving), ("need", written["need"]),
+        ("target", step.scale.instances), ("serving", step.scale.serving), ("need", min(decision.load, 1_000_000)),
     ):  # fmt: skip
         op.metrics.gauge("moe_operator_autoscale_instances", namespace, name, pool, kind).set(value)
     if step.event:
@@ -352,12 +352,14 @@ def autoscale_timer(
     except ValueError:
         return  # the reconciler reports invalid specs
     status = dict(body.get("status") or {})
+    op = operator_of(memo)
+    namespace, name, now = str(body.metadata.namespace or ""), str(body.metadata.name), time.time()
+    for gone in set(status.get("autoscaling") or {}) - set(scaled_pools(written)):  # no stale alerts
+        op.metrics.forget_pool(namespace, name, str(gone), "moe_operator_autoscale_")
     if not scaled_pools(written):
         if status.get("autoscaling"):
             patch.status["autoscaling"] = None
         return
-    op = operator_of(memo)
-    namespace, name, now = str(body.metadata.namespace or ""), str(body.metadata.name), time.time()
     spec = running_spec(written, dict(body.spec), status, op.platform, namespace)  # at the widths it chose
     pods = leaders(body, kwargs)
     samples = scrape(op, op.deployment(str(body.metadata.uid)), pods, spec.engine.port, namespace, name)

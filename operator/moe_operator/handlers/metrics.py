@@ -57,7 +57,7 @@ METRICS: tuple[MetricDef, ...] = (
     MetricDef("moe_operator_placement_balancedness", "gauge", "Balancedness (mean/max GPU load); eplb mode operator: the mean over the pool's instances, each on its own window", (*POOL_LABELS, "kind")),
     MetricDef("moe_operator_placement_version", "gauge", "Published placement version (0: trivial)", POOL_LABELS),
     MetricDef("moe_operator_placement_age_seconds", "gauge", "Seconds since the placement was published", POOL_LABELS),
-    MetricDef("moe_operator_autoscale_instances", "gauge", "Instances the autoscaler keeps (kind=target), the router lists (kind=serving) and the load needs (kind=need: before minReplicas, maxReplicas and gpuBudget)", (*POOL_LABELS, "kind")),
+    MetricDef("moe_operator_autoscale_instances", "gauge", "Instances the autoscaler keeps (kind=target), the router lists (kind=serving) and the load needs now (kind=need: its rate, queue and KV room, before minReplicas, maxReplicas, gpuBudget and any spare capacity)", (*POOL_LABELS, "kind")),
     MetricDef("moe_operator_autoscale_decisions_total", "counter", "Autoscaler decisions by reason (steady, scale_out, draining, ...)", (*POOL_LABELS, "reason")),
     MetricDef("moe_operator_autoscale_scrape_failures_total", "counter", "Engine /metrics reads the autoscaler could not use", POOL_LABELS),
 )  # fmt: skip
@@ -107,6 +107,17 @@ class OperatorMetrics:
             self._series[(labels[0], labels[1])].discard((name, labels))
         with contextlib.suppress(KeyError):
             self._by_name[name].remove(*labels)
+
+    def forget_pool(self, namespace: str, name: str, pool: str, prefix: str) -> None:
+        """Drop a pool's series of the metrics named ``prefix``*: a pool the autoscaler no longer
+        sizes must not leave its last numbers for an alert to read."""
+        with self._lock:
+            tracked = self._series.get((namespace, name), set())
+            series = {(m, labels) for m, labels in tracked if m.startswith(prefix) and labels[2:3] == (pool,)}
+            tracked -= series
+        for metric, labels in series:
+            with contextlib.suppress(KeyError):
+                self._by_name[metric].remove(*labels)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop every series of a deleted deployment."""

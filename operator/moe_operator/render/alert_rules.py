@@ -297,35 +297,43 @@ def alerts(t: Thresholds | None = None, scope: Scope | None = None) -> dict[str,
         "moe-operator.autoscaling": [
             Alert(
                 "MoEAutoscalerAtLimit",
-                f"max without (kind) ({need})\n> max without (kind) ({kept})\n",
+                # min over operator replicas: a paused peer's last numbers do not fire it
+                f"min by ({POOL}) ({need})\n> max by ({POOL}) ({kept})\n",
                 "15m",
                 "warning",
-                f"The load on {where} needs more instances than the autoscaler may run",
-                'The load needs {{ $value | printf "%.0f" }} instance(s), more than the autoscaler keeps, '
-                "for 15 minutes: maxReplicas or spec.gpuBudget caps the pool, so its SLO is not met.",
-                "instances the load needs > instances the autoscaler keeps",
+                f"The load on {where} needs more instances than the autoscaler runs",
+                'The load needs {{ $value | printf "%.0f" }} instance(s) now, more than the autoscaler keeps, '
+                "for 15 minutes: maxReplicas or spec.gpuBudget caps the pool (or growth is held: a long "
+                "scaleOutCooldown, a rolled-back scale-out's pause), so it serves less than its load.",
+                "instances the load needs now > instances the autoscaler keeps",
             ),
             Alert(
                 "MoEAutoscalerChangeFailing",
-                f"sum by ({POOL}, reason) (increase({failed}[30m])) > 0\n",
+                # increase() reads 0 for a series born at 1 (a failure on a pool's first tick after a
+                # restart): the second arm takes a series younger than the window at its value
+                f"sum by ({POOL}, reason) (increase({failed}[1h])) > 0\n"
+                f"or\n"
+                f"sum by ({POOL}, reason) ({failed} unless {failed} offset 1h) > 0\n",
                 "1m",
                 "warning",
                 f"A change the autoscaler made to {where} did not come up ({{{{ $labels.reason }}}})",
-                "In the last 30 minutes a scale-out was rolled back (rolled_back) or an instance released "
+                "In the last hour a scale-out was rolled back (rolled_back) or an instance released "
                 "to roll did not become ready (width_stuck, spec_stuck); events on the MoEDeployment say "
                 "which instance.",
-                "a scale-out rolled back or a roll stuck in 30m",
+                "a scale-out rolled back or a roll stuck in 1h",
             ),
             Alert(
                 "MoEAutoscalerNoData",
-                f"sum by ({POOL}) (rate({no_data}[10m]))\n"
-                f"> 0.5 * sum by ({POOL}) (rate({s(decisions)}[10m]))\n",
+                f"(sum by ({POOL}) (rate({no_data}[10m]))\n"
+                f"> 0.5 * sum by ({POOL}) (rate({s(decisions)}[10m])))\n"
+                f"and on ({POOL})\n"
+                f"({s('moe_operator_pool_ready_instances')} > 0)\n",
                 "15m",
                 "warning",
                 f"The autoscaler cannot read the engines of {where}",
-                "Most of the pool's decisions in 10 minutes had no usable interval from any instance: "
-                "the pool keeps its size whatever the load.",
-                "over half the pool's decisions without data in 10m",
+                "Most of the pool's decisions in 10 minutes had no usable interval from any instance, "
+                "while instances are ready: the pool keeps its size whatever the load.",
+                "over half the pool's decisions without data in 10m, instances ready",
             ),
         ],
         "moe-operator.latency": [
