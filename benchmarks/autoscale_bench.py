@@ -355,12 +355,13 @@ def main() -> None:
         f" {'vs all':>7}"
     )
     for kind in a.traces.split(","):
-        seeds = [int(s) for s in a.seeds.split(",")]
-        advance = fixed_size([trace(kind, seed, a.hours) for seed in tune_seeds])
-        every = fixed_size([trace(kind, seed, a.hours) for seed in seeds])
-        for seed in seeds:
+        lams = {int(s): trace(kind, int(s), a.hours) for s in a.seeds.split(",")}
+        advance = fixed_size(
+            [lams[seed] if seed in lams else trace(kind, seed, a.hours) for seed in tune_seeds]
+        )
+        every = fixed_size(list(lams.values()))
+        for seed, lam in lams.items():
             t0 = time.perf_counter()
-            lam = trace(kind, seed, a.hours)
             base, size = fixed(lam, a.boot, seed)
             rows = [(f"fixed {size['prefill']}P{size['decode']}D", base)]
             ahead = run(lam, advance, None, a.boot, seed)

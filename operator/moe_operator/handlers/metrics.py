@@ -115,14 +115,15 @@ class OperatorMetrics:
             tracked = self._series.get((namespace, name), set())
             series = {(m, labels) for m, labels in tracked if m.startswith(prefix) and labels[2:3] == (pool,)}
             tracked -= series
-        for metric, labels in series:
-            with contextlib.suppress(KeyError):
-                self._by_name[metric].remove(*labels)
+        self._drop(series)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop every series of a deleted deployment."""
         with self._lock:
             series = self._series.pop((namespace, name), set())
+        self._drop(series)
+
+    def _drop(self, series: set[tuple[str, tuple[str, ...]]]) -> None:
         for metric, labels in series:
             with contextlib.suppress(KeyError):
                 self._by_name[metric].remove(*labels)
