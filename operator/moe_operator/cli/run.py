@@ -178,6 +178,19 @@ def configure_peering(settings: Any, args: argparse.Namespace) -> None:
     settings.peering.stealth = True  # keep-alives are not logged
 
 
+# A timer tick still running when its object is deleted holds the finalizer. kopf looks again after
+# cancellation_polling, 60 s by default: a delete that lands mid-tick (control loop every 5 s) took a
+# minute. Ticks are bounded (each read times out in seconds), so wait for one briefly, then look often.
+TICK_EXIT_WAIT_S = 2.0
+TICK_EXIT_POLL_S = 2.0
+
+
+def configure_timer_exit(settings: Any) -> None:
+    """How long a deletion waits for a timer tick in flight: seconds, not kopf's default minute."""
+    settings.background.instant_exit_timeout = TICK_EXIT_WAIT_S
+    settings.background.cancellation_polling = TICK_EXIT_POLL_S
+
+
 def run(args: argparse.Namespace) -> int:
     import kopf
     from prometheus_client import start_http_server
@@ -240,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
         settings.watching.inactivity_timeout = 600
         settings.execution.max_workers = 16
         configure_peering(settings, args)
+        configure_timer_exit(settings)
         state.executor = settings.execution.executor
         # kopf only watches what discovery listed at start: optional kinds are used only when watched.
         state.watched_kinds = served_optional_kinds(state.kube)
