@@ -5,7 +5,8 @@ the test plays the router: it spreads a total request rate over the instances
 status.autoscaling lists as serving, and sends nothing to the others.
 - A load step breaches the ITL SLO -> a second instance is created, listed once ready, and the
   SLO holds again; the load falls -> the second instance is taken off the list, finishes what it
-  runs, and only then is its group removed.
+  runs, and only then is its group removed: not while a replaced router pod, which still lists
+  it, is terminating.
 - Long prompts at a fixed rate fill the KV cache of two-node decode instances (each replay holds
   the KV tokens the operator's memory model gives that width) while their ITL is inside the SLO
   -> the pool is KV-bound, and a four-node instance, which holds more KV per GPU, is recommended;
@@ -153,6 +154,55 @@ class Router:
             proc.wait(timeout=10)
 
 
+@dataclass
+class RouterPods:
+    """The router Deployment's pods; ``held`` keeps those running now terminating once replaced."""
+
+    api: httpx.Client
+    namespace: str
+    name: str
+    hold: str = "moe.test/old-router"
+    held_names: list[str] = field(default_factory=list)
+
+    def pods(self) -> list[dict[str, Any]]:
+        selector = f"moe.inference.dev/deployment={self.name},app.kubernetes.io/component=router"
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        items: list[dict[str, Any]] = self.api.get(path, params={"labelSelector": selector}).json()["items"]
+        return items
+
+    def rolled(self, listing: str, terminating: bool = False) -> bool:
+        """The Deployment lists ``listing``, its status says rolled out, and (``terminating``) the held
+        pods are terminating, or (not) no pod is."""
+        path = f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{self.name}-router"
+        d = self.api.get(path).json()
+        st = d.get("status") or {}
+        listed = (d["metadata"].get("annotations") or {}).get("moe.inference.dev/router-workers")
+        done = listed == listing and st.get("replicas") == st.get("updatedReplicas") == st.get(
+            "readyReplicas"
+        )
+        leaving = {p["metadata"]["name"] for p in self.pods() if p["metadata"].get("deletionTimestamp")}
+        return done and (leaving == set(self.held_names) if terminating else not leaving)
+
+    def _finalizers(self, pod: str, finalizers: list[str]) -> None:
+        self.api.patch(
+            f"/api/v1/namespaces/{self.namespace}/pods/{pod}",
+            json={"metadata": {"finalizers": finalizers}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        ).raise_for_status()
+
+    @contextlib.contextmanager
+    def held(self) -> Any:
+        self.held_names = [p["metadata"]["name"] for p in self.pods()]
+        for pod in self.held_names:
+            self._finalizers(pod, [self.hold])
+        try:
+            yield
+        finally:  # released whatever happened: a held pod would keep the namespace terminating
+            for pod in self.held_names:
+                with contextlib.suppress(httpx.HTTPStatusError):
+                    self._finalizers(pod, [])
+
+
 @contextlib.contextmanager
 def playing(router: Router, moe_operator: OperatorProcess) -> Any:
     """The router while the test runs; on failure, what it saw, the events and the operator's log."""
@@ -202,12 +252,24 @@ def test_scale_out_on_breach_then_drain_and_scale_in(
             return latency.get("itl") is not None and latency["itl"] <= SLO_ITL
 
         wait_for(itl_inside, 60, interval=1, what="the ITL SLO holding on two instances")
-        # load falls: the second instance is drained (off the router), then removed. 1 request/s,
-        # well inside one instance: at 2 the noisy per-interval rate (up to 2.9) kept the need at two
-        # instances for 240 s in one run of five
-        router.rate = 1.0
-        wait_for(lambda: router.play().get("reason") == "draining", 240, interval=1, what="a drain")
-        assert router.status()["instances"] == 2 and router.status()["serving"] == 1
+        # the router pods that run the list of two are held terminating once replaced (a finalizer;
+        # kwok deletes no pod that has one), as a real router pod finishing its requests is
+        routers = RouterPods(api, deployed, name)
+        wait_for(lambda: routers.rolled("decode=2"), 60, interval=1, what="the router listing two instances")
+        with routers.held():
+            # load falls: the second instance is drained (off the router), then removed. 1 request/s,
+            # well inside one instance: at 2 the noisy per-interval rate (up to 2.9) kept the need at
+            # two instances for 240 s in one run of five
+            router.rate = 1.0
+            wait_for(lambda: router.play().get("reason") == "draining", 240, interval=1, what="a drain")
+            assert router.status()["instances"] == 2 and router.status()["serving"] == 1
+            wait_for(lambda: routers.rolled("decode=1", terminating=True), 60, interval=1,
+                     what="the router rolled onto one instance, its old pods terminating")  # fmt: skip
+            # past the drain's 30 s minimum, 2 s ticks: the old router pods may still send to it
+            until = time.monotonic() + 40
+            while time.monotonic() < until:
+                assert router.play().get("instances") == 2, "removed while an old router pod ran"
+                time.sleep(1)
         # 300 s: a drain the decision cancels (a noisy interval on the one instance left) starts again
         # only after another scale-in window and cooldown (a CI run saw that, and 120 s fell short)
         wait_for(

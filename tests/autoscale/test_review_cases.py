@@ -19,7 +19,7 @@ from moe_operator.autoscale.observe import idle
 from moe_operator.autoscale.prior import resume
 from moe_operator.autoscale.scale import Scale, advance
 from moe_operator.autoscale.signals import InstanceSample
-from moe_operator.handlers.autoscale_loop import router_settled
+from moe_operator.handlers.autoscale_loop import router_of, router_settled
 
 FIT = Fit(base_s=0.03, mu=4.0)
 POLICY = PoolPolicy(
@@ -119,6 +119,33 @@ def test_router_settled_reads_the_listing_and_the_rollout() -> None:
     assert router_settled(router("decode=3-1", **done), "decode", 3, 1)
     assert not router_settled(router("decode=3", **done), "decode", 3, 1)
     assert not router_settled(router("decode=3-1", **done), "decode", 3)
+
+
+def test_router_settled_waits_for_replaced_router_pods_to_exit() -> None:
+    """A replaced router pod still runs the old list (the drained worker on it) until it exits, and
+    the Deployment's replicas, updated and ready counts leave it out from its deletion on."""
+    listing = {"moe.inference.dev/router-workers": "decode=1"}
+    done = {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}
+    assert router_settled({"annotations": listing, "status": done, "terminatingPods": 0}, "decode", 1)
+    assert not router_settled({"annotations": listing, "status": done, "terminatingPods": 1}, "decode", 1)
+    held = {**done, "terminatingReplicas": 1}  # Kubernetes 1.35+ says so itself
+    assert not router_settled({"annotations": listing, "status": held, "terminatingPods": 0}, "decode", 1)
+
+
+def test_router_of_counts_the_deployments_terminating_router_pods() -> None:
+    key = ("ns", "m")
+    indexes = {
+        "deployment_index": {key: [{"name": "m-router", "annotations": {}, "status": {}}, {"name": "x"}]},
+        "router_pod_index": {key: [{"name": "a", "deleting": True}, {"name": "b", "deleting": False}]},
+    }
+    assert router_of(indexes, key) == {
+        "name": "m-router",
+        "annotations": {},
+        "status": {},
+        "terminatingPods": 1,
+    }
+    assert router_of({**indexes, "deployment_index": {}}, key) is None
+    assert router_of({**indexes, "router_pod_index": {}}, key)["terminatingPods"] == 0  # type: ignore[index]
 
 
 def test_a_kv_handoff_in_flight_is_not_idle() -> None:

@@ -216,10 +216,23 @@ def decode_serving(samples: Samples, scales: dict[Pool, Scale]) -> dict[int, sig
     }
 
 
-def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int, off: int | None = None) -> bool:
-    """The router Deployment lists ``serving`` instances of the pool (less ``off``) and every pod runs
-    that list."""
+def router_of(indexes: dict[str, Any], key: tuple[str, str]) -> dict[str, Any] | None:
+    """The router Deployment's summary, with how many of its pods are still terminating."""
+    name = f"{key[1]}-router"
+    router = next((d for d in indexes["deployment_index"].get(key, []) if d["name"] == name), None)
     if router is None:
+        return None
+    terminating = sum(1 for p in indexes["router_pod_index"].get(key, []) if p["deleting"])
+    return {**router, "terminatingPods": terminating}
+
+
+def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int, off: int | None = None) -> bool:
+    """The router Deployment lists ``serving`` instances of the pool (less ``off``), every pod runs
+    that list, and no replaced pod still runs: one terminating finishes its requests, and may still
+    be sent new ones until the Service drops it, on the workers of its old list. The Deployment's
+    status counts no terminating pod (its terminatingReplicas is beta from Kubernetes 1.35), so the
+    pods are counted too."""
+    if router is None or router.get("terminatingPods") or router["status"].get("terminatingReplicas"):
         return False
     listing = dict(
         part.split("=", 1)
@@ -366,7 +379,7 @@ def autoscale_timer(
     scales = pool_scales(spec, status, now, existing_instances(pods))
     policies = {pool: pool_policy(spec, pool) for pool in scales}  # once per tick: the KV model per width
     key = (namespace, name)
-    router = next((d for d in kwargs["deployment_index"].get(key, []) if d["name"] == f"{name}-router"), None)
+    router = router_of(kwargs, key)
     updates: dict[str, Any] = {p: None for p in status.get("autoscaling") or {} if p not in scales}
     decided = decide_all(spec, policies, status, samples, scales, now, pods)
     decisions = {p: d for p, (d, _) in decided.items()}

@@ -90,6 +90,23 @@ async def engine_pod_index(
     }
 
 
+@kopf.index("pods", labels={**MANAGED, K.COMPONENT: "router"})
+async def router_pod_index(
+    name: str, namespace: str | None, body: kopf.Body, **_: Any
+) -> dict[Any, Any] | None:
+    """(namespace, deployment) -> router pods. A replaced router pod still sends to the workers of
+    its old list until it exits, and the Deployment's status stops counting it once it terminates."""
+    deployment = (body.metadata.labels or {}).get(K.DEPLOYMENT)
+    if not deployment:
+        return None
+    return {
+        (namespace, deployment): {
+            "name": name,
+            "deleting": body.metadata.get("deletionTimestamp") is not None,
+        }
+    }
+
+
 def _child(kind: str, name: str, namespace: str | None, body: kopf.Body) -> dict[Any, Any] | None:
     labels = body.metadata.labels or {}
     deployment = labels.get(K.DEPLOYMENT)
