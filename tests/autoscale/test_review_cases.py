@@ -19,7 +19,8 @@ from moe_operator.autoscale.observe import idle
 from moe_operator.autoscale.prior import resume
 from moe_operator.autoscale.scale import Scale, advance
 from moe_operator.autoscale.signals import InstanceSample
-from moe_operator.handlers.autoscale_loop import router_of, router_settled
+from moe_operator.handlers.autoscale_loop import ROUTER_POD_GONE_S, router_of, router_settled
+from moe_operator.handlers.indexes import router_pod
 
 FIT = Fit(base_s=0.03, mu=4.0)
 POLICY = PoolPolicy(
@@ -125,27 +126,45 @@ def test_router_settled_waits_for_replaced_router_pods_to_exit() -> None:
     """A replaced router pod still runs the old list (the drained worker on it) until it exits, and
     the Deployment's replicas, updated and ready counts leave it out from its deletion on."""
     listing = {"moe.inference.dev/router-workers": "decode=1"}
-    done = {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1}
-    assert router_settled({"annotations": listing, "status": done, "terminatingPods": 0}, "decode", 1)
-    assert not router_settled({"annotations": listing, "status": done, "terminatingPods": 1}, "decode", 1)
-    held = {**done, "terminatingReplicas": 1}  # Kubernetes 1.35+ says so itself
-    assert not router_settled({"annotations": listing, "status": held, "terminatingPods": 0}, "decode", 1)
+    done = {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "observedGeneration": 3}
+    settled = {"annotations": listing, "status": done, "generation": 3, "terminatingPods": 0}
+    assert router_settled(settled, "decode", 1)
+    assert not router_settled({**settled, "terminatingPods": 1}, "decode", 1)
+    # the counts are of the previous list's rollout until the controller has seen the new one
+    assert not router_settled({**settled, "generation": 4}, "decode", 1)
 
 
-def test_router_of_counts_the_deployments_terminating_router_pods() -> None:
-    key = ("ns", "m")
-    indexes = {
-        "deployment_index": {key: [{"name": "m-router", "annotations": {}, "status": {}}, {"name": "x"}]},
-        "router_pod_index": {key: [{"name": "a", "deleting": True}, {"name": "b", "deleting": False}]},
+def test_router_of_counts_router_pods_until_they_exit_or_their_grace_has_passed() -> None:
+    key, now = ("ns", "m"), 1_000_000.0
+    by = codec.write_time(now + 180)  # deleted now, 180 s of grace
+    pods = [
+        {"name": "old", "deleteBy": by, "phase": "Running"},
+        {"name": "new", "deleteBy": None, "phase": "Running"},
+        {"name": "done", "deleteBy": by, "phase": "Succeeded"},  # exited: its list runs nowhere
+        {"name": "odd", "deleteBy": "yesterday", "phase": "Running"},
+    ]
+    router = {"name": "m-router", "annotations": {}, "status": {}}
+    indexes = {"deployment_index": {key: [router, {"name": "x"}]}, "router_pod_index": {key: pods}}
+    assert router_of(indexes, key, now) == {**router, "terminatingPods": 1}
+    assert router_of(indexes, key, now + 200)["terminatingPods"] == 1  # type: ignore[index]
+    # past its grace and a margin: the kubelet killed it, or its node is lost and it never goes
+    assert router_of(indexes, key, now + 180 + ROUTER_POD_GONE_S)["terminatingPods"] == 0  # type: ignore[index]
+    assert router_of({**indexes, "deployment_index": {}}, key, now) is None
+    assert router_of({**indexes, "router_pod_index": {}}, key, now)["terminatingPods"] == 0  # type: ignore[index]
+
+
+def test_the_router_pod_index_keeps_what_router_of_reads() -> None:
+    pod = {
+        "metadata": {
+            "name": "m-router-abc", "labels": {"moe.inference.dev/deployment": "m"},
+            "deletionTimestamp": "2026-12-06T10:00:00Z",
+        },
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+    assert router_pod("m-router-abc", "ns", pod) == {
+        ("ns", "m"): {"name": "m-router-abc", "deleteBy": "2026-12-06T10:00:00Z", "phase": "Running"}
     }
-    assert router_of(indexes, key) == {
-        "name": "m-router",
-        "annotations": {},
-        "status": {},
-        "terminatingPods": 1,
-    }
-    assert router_of({**indexes, "deployment_index": {}}, key) is None
-    assert router_of({**indexes, "router_pod_index": {}}, key)["terminatingPods"] == 0  # type: ignore[index]
+    assert router_pod("p", "ns", {"metadata": {"name": "p"}, "status": {}}) is None
 
 
 def test_a_kv_handoff_in_flight_is_not_idle() -> None:

@@ -11,8 +11,10 @@ Kubernetes and the operator give it:
 3. the operator removes worker 1 only once no router pod is terminating (router_settled).
 Clients send generations all along through "the Service" (the routers its endpoints list).
 What is emulated: the Service, its lag and the kubelet's steps; the routers are real processes.
-The old router still sends to worker 1 after step 1, so removing it there (what the Deployment's
-counts alone allowed) would cut requests; the test asserts that it did.
+Step 3's order is the test's own, the one router_settled holds the operator to (its units and the
+scale-in e2e test that): this test shows what the real router does under it. The old router
+still sends to worker 1 after step 1, so removing it there (what the Deployment's counts alone
+allowed) would cut requests; the test asserts that it did.
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         time.sleep(DELAY_S)
-        self._json({"text": "done", "meta_info": {"id": "r", "finish_reason": {"type": "stop"}}})
         self.server.served.append(time.monotonic())
+        self._json({"text": "done", "meta_info": {"id": "r", "finish_reason": {"type": "stop"}}})
 
     def log_message(self, *_: object) -> None:
         pass
@@ -137,6 +139,7 @@ class Service:
 
 
 def test_a_scale_in_roll_fails_no_request_at_the_router(workers: list[Worker], tmp_path: Path) -> None:
+    pytest.importorskip("sglang_router", reason="the runtime venv (runtime/scripts/setup-test-env.sh) has it")
     w0, w1 = workers
     old = RouterPod([_url(w0), _url(w1)], tmp_path / "old.log")
     new: RouterPod | None = None
@@ -151,6 +154,7 @@ def test_a_scale_in_roll_fails_no_request_at_the_router(workers: list[Worker], t
         new = RouterPod([_url(w0)], tmp_path / "new.log")
         wait_for(new.ready, 60, what="the router listing one worker ready")
         rolled = time.monotonic()
+        service.endpoints = [old, new]  # ready: the Service's endpoints take it
         # 2. the old pod deleted: endpoints drop it after a lag; preStop wait, then SIGTERM
         threading.Timer(ENDPOINTS_LAG_S, lambda: setattr(service, "endpoints", [new])).start()
         time.sleep(ROUTER_PRESTOP_S)

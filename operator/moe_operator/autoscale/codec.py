@@ -181,6 +181,11 @@ def read_scale(
     )
 
 
+def read_time(value: Any) -> float | None:
+    """An RFC 3339 time in seconds (the form Kubernetes writes), None when it is not one."""
+    return _epoch(value)
+
+
 def read_retry(raw: Mapping[str, Any], now: float, horizon_s: float) -> float | None:
     """widthRetryAfter, when it is ahead of ``now`` by at most ``horizon_s`` (a tampered far-future
     time would otherwise hold every width change)."""

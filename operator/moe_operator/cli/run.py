@@ -180,8 +180,9 @@ def configure_peering(settings: Any, args: argparse.Namespace) -> None:
 
 # A timer tick still running when its object is deleted holds the finalizer. kopf looks again after
 # cancellation_polling, 60 s by default: a delete that lands mid-tick (control loop every 5 s) took a
-# minute. Ticks are bounded (each read times out in seconds), so wait for one briefly, then look often.
-TICK_EXIT_WAIT_S = 2.0
+# minute. Ticks are bounded (each read times out in seconds), so wait for one briefly (each of the
+# object's timers in turn, in its own worker; kopf advises well under a second), then look often.
+TICK_EXIT_WAIT_S = 0.2
 TICK_EXIT_POLL_S = 2.0
 
 

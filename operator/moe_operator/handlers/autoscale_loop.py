@@ -216,24 +216,37 @@ def decode_serving(samples: Samples, scales: dict[Pool, Scale]) -> dict[int, sig
     }
 
 
-def router_of(indexes: dict[str, Any], key: tuple[str, str]) -> dict[str, Any] | None:
-    """The router Deployment's summary, with how many of its pods are still terminating."""
+ROUTER_POD_GONE_S = 30.0  # past its deletion time plus grace the kubelet has killed it (or its node is lost)
+
+
+def router_of(indexes: dict[str, Any], key: tuple[str, str], now: float) -> dict[str, Any] | None:
+    """The router Deployment's summary, with how many of its pods may still run a replaced list."""
     name = f"{key[1]}-router"
     router = next((d for d in indexes["deployment_index"].get(key, []) if d["name"] == name), None)
     if router is None:
         return None
-    terminating = sum(1 for p in indexes["router_pod_index"].get(key, []) if p["deleting"])
+    terminating = sum(1 for p in indexes["router_pod_index"].get(key, []) if still_terminating(p, now))
     return {**router, "terminatingPods": terminating}
+
+
+def still_terminating(pod: dict[str, Any], now: float) -> bool:
+    """Deleted, not finished, and not past its grace: a pod stuck terminating on a lost node (or a
+    deletion an index missed during a re-list) holds no drain for longer than its own grace."""
+    deadline = codec.read_time(pod.get("deleteBy"))
+    if deadline is None or pod.get("phase") in ("Succeeded", "Failed"):
+        return False
+    return now < deadline + ROUTER_POD_GONE_S
 
 
 def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int, off: int | None = None) -> bool:
     """The router Deployment lists ``serving`` instances of the pool (less ``off``), every pod runs
     that list, and no replaced pod still runs: one terminating finishes its requests, and may still
     be sent new ones until the Service drops it, on the workers of its old list. The Deployment's
-    status counts no terminating pod (its terminatingReplicas is beta from Kubernetes 1.35), so the
-    pods are counted too."""
-    if router is None or router.get("terminatingPods") or router["status"].get("terminatingReplicas"):
+    replicas, updated and ready counts leave terminating pods out, so the pods are counted."""
+    if router is None or router.get("terminatingPods"):
         return False
+    if int(router["status"].get("observedGeneration") or 0) < int(router.get("generation") or 0):
+        return False  # the status is of the previous list's rollout
     listing = dict(
         part.split("=", 1)
         for part in str(router["annotations"].get(K.ROUTER_WORKERS, "")).split(",")
@@ -379,7 +392,7 @@ def autoscale_timer(
     scales = pool_scales(spec, status, now, existing_instances(pods))
     policies = {pool: pool_policy(spec, pool) for pool in scales}  # once per tick: the KV model per width
     key = (namespace, name)
-    router = router_of(kwargs, key)
+    router = router_of(kwargs, key, now)
     updates: dict[str, Any] = {p: None for p in status.get("autoscaling") or {} if p not in scales}
     decided = decide_all(spec, policies, status, samples, scales, now, pods)
     decisions = {p: d for p, (d, _) in decided.items()}

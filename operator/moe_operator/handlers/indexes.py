@@ -8,6 +8,7 @@ pool.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -94,15 +95,21 @@ async def engine_pod_index(
 async def router_pod_index(
     name: str, namespace: str | None, body: kopf.Body, **_: Any
 ) -> dict[Any, Any] | None:
+    return router_pod(name, namespace, body)
+
+
+def router_pod(name: str, namespace: str | None, body: Mapping[str, Any]) -> dict[Any, Any] | None:
     """(namespace, deployment) -> router pods. A replaced router pod still sends to the workers of
-    its old list until it exits, and the Deployment's status stops counting it once it terminates."""
-    deployment = (body.metadata.labels or {}).get(K.DEPLOYMENT)
+    its old list until it exits, and the Deployment's counts leave it out once it terminates."""
+    meta = body.get("metadata") or {}
+    deployment = (meta.get("labels") or {}).get(K.DEPLOYMENT)
     if not deployment:
         return None
     return {
         (namespace, deployment): {
             "name": name,
-            "deleting": body.metadata.get("deletionTimestamp") is not None,
+            "deleteBy": meta.get("deletionTimestamp"),  # the deletion time plus its grace
+            "phase": (body.get("status") or {}).get("phase"),
         }
     }
 
@@ -121,6 +128,7 @@ def _child(kind: str, name: str, namespace: str | None, body: kopf.Body) -> dict
             "specHash": annotations.get(K.SPEC_HASH),
             "annotations": dict(annotations),
             "created": body.metadata.get("creationTimestamp"),
+            "generation": body.metadata.get("generation"),
             "status": dict(body.get("status") or {}),
         }
     }
