@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
+
+import kopf
 
 from moe_operator.autoscale import codec
 from moe_operator.autoscale.decide import (
@@ -20,7 +23,7 @@ from moe_operator.autoscale.prior import resume
 from moe_operator.autoscale.scale import Scale, advance
 from moe_operator.autoscale.signals import InstanceSample
 from moe_operator.handlers.autoscale_loop import ROUTER_POD_GONE_S, router_of, router_settled
-from moe_operator.handlers.indexes import router_pod
+from moe_operator.handlers.indexes import _child, router_pod
 
 FIT = Fit(base_s=0.03, mu=4.0)
 POLICY = PoolPolicy(
@@ -141,7 +144,7 @@ def test_router_of_counts_router_pods_until_they_exit_or_their_grace_has_passed(
         {"name": "old", "deleteBy": by, "phase": "Running"},
         {"name": "new", "deleteBy": None, "phase": "Running"},
         {"name": "done", "deleteBy": by, "phase": "Succeeded"},  # exited: its list runs nowhere
-        {"name": "odd", "deleteBy": "yesterday", "phase": "Running"},
+        {"name": "died", "deleteBy": by, "phase": "Failed"},
     ]
     router = {"name": "m-router", "annotations": {}, "status": {}}
     indexes = {"deployment_index": {key: [router, {"name": "x"}]}, "router_pod_index": {key: pods}}
@@ -149,6 +152,11 @@ def test_router_of_counts_router_pods_until_they_exit_or_their_grace_has_passed(
     assert router_of(indexes, key, now + 200)["terminatingPods"] == 1  # type: ignore[index]
     # past its grace and a margin: the kubelet killed it, or its node is lost and it never goes
     assert router_of(indexes, key, now + 180 + ROUTER_POD_GONE_S)["terminatingPods"] == 0  # type: ignore[index]
+    odd = {
+        **indexes,
+        "router_pod_index": {key: [{"name": "odd", "deleteBy": "yesterday", "phase": "Running"}]},
+    }
+    assert router_of(odd, key, now + 1e6)["terminatingPods"] == 1  # type: ignore[index]  # unreadable: held
     assert router_of({**indexes, "deployment_index": {}}, key, now) is None
     assert router_of({**indexes, "router_pod_index": {}}, key, now)["terminatingPods"] == 0  # type: ignore[index]
 
@@ -220,3 +228,18 @@ def test_load_that_rises_while_a_width_change_rolls_still_scales_out() -> None:
     assert decisions[0].state.fits == decisions[-1].state.fits  # the prior of the width change, kept
     assert decisions[-1].reason == "scale_out" and decisions[-1].instances > 4
     assert "does not run the spec's number of ranks" in decisions[-1].message
+
+
+def test_child_summaries_keep_the_generation_router_settled_compares() -> None:
+    raw: Any = {
+        "metadata": {
+            "name": "m-router",
+            "uid": "u",
+            "generation": 7,
+            "labels": {"moe.inference.dev/deployment": "m"},
+        },
+        "status": {"observedGeneration": 6},
+    }
+    body = kopf.Body(raw)
+    summary = _child("Deployment", "m-router", "ns", body)
+    assert summary is not None and summary[("ns", "m")]["generation"] == 7

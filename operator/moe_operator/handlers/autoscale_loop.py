@@ -232,10 +232,10 @@ def router_of(indexes: dict[str, Any], key: tuple[str, str], now: float) -> dict
 def still_terminating(pod: dict[str, Any], now: float) -> bool:
     """Deleted, not finished, and not past its grace: a pod stuck terminating on a lost node (or a
     deletion an index missed during a re-list) holds no drain for longer than its own grace."""
-    deadline = codec.read_time(pod.get("deleteBy"))
-    if deadline is None or pod.get("phase") in ("Succeeded", "Failed"):
+    if not pod.get("deleteBy") or pod.get("phase") in ("Succeeded", "Failed"):
         return False
-    return now < deadline + ROUTER_POD_GONE_S
+    deadline = codec.read_time(pod["deleteBy"])  # unreadable: held, at most until drainTimeout
+    return deadline is None or now < deadline + ROUTER_POD_GONE_S
 
 
 def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int, off: int | None = None) -> bool:
