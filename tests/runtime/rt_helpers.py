@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.server
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -154,3 +156,22 @@ def metric(text: str, name: str, **labels: str) -> float | None:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return None
+
+
+class StubWorkerHandler(http.server.BaseHTTPRequestHandler):
+    """A worker as sglang-router sees it while registering one: every GET answers the model info.
+    Subclasses answer the generations (do_POST) with ``answer``."""
+
+    def answer(self, body: dict[str, Any]) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self) -> None:
+        self.answer({"model_path": "stub", "is_generation": True, "dp_size": 1})
+
+    def log_message(self, *_: object) -> None:
+        pass

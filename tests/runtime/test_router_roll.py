@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import http.server
 import itertools
-import json
 import signal
 import subprocess
 import sys
@@ -30,11 +29,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
-from rt_helpers import free_port, wait_for
+from rt_helpers import StubWorkerHandler, free_port, wait_for
 from test_router_health_check import rendered_router_argv
 
 from moe_operator.render.shared import ROUTER_PRESTOP_S
@@ -50,28 +48,14 @@ class Worker(http.server.ThreadingHTTPServer):
     served: list[float]  # when each generation was answered
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(StubWorkerHandler):
     server: Worker
-
-    def _json(self, body: dict[str, Any]) -> None:
-        raw = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def do_GET(self) -> None:
-        self._json({"model_path": "stub", "is_generation": True, "dp_size": 1})
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         time.sleep(DELAY_S)
         self.server.served.append(time.monotonic())
-        self._json({"text": "done", "meta_info": {"id": "r", "finish_reason": {"type": "stop"}}})
-
-    def log_message(self, *_: object) -> None:
-        pass
+        self.answer({"text": "done", "meta_info": {"id": "r", "finish_reason": {"type": "stop"}}})
 
 
 @pytest.fixture()

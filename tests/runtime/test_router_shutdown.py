@@ -11,7 +11,6 @@ DELAY_S to answer a generation; the router gets SIGTERM while one is in flight.
 from __future__ import annotations
 
 import http.server
-import json
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from rt_helpers import free_port, wait_for
+from rt_helpers import StubWorkerHandler, free_port, wait_for
 from test_router_health_check import rendered_router_argv
 
 from moe_operator.render.group import Owner
@@ -39,28 +38,14 @@ class SlowWorker(http.server.ThreadingHTTPServer):
     generating: threading.Event
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(StubWorkerHandler):
     server: SlowWorker
-
-    def _json(self, body: dict[str, Any]) -> None:
-        raw = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def do_GET(self) -> None:
-        self._json({"model_path": "stub", "is_generation": True, "dp_size": 1})
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         self.server.generating.set()
         time.sleep(DELAY_S)
-        self._json({"text": "finished", "meta_info": {"id": "r1", "finish_reason": {"type": "stop"}}})
-
-    def log_message(self, *_: object) -> None:
-        pass
+        self.answer({"text": "finished", "meta_info": {"id": "r1", "finish_reason": {"type": "stop"}}})
 
 
 @pytest.fixture()
