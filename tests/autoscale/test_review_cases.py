@@ -137,6 +137,25 @@ def test_router_settled_waits_for_replaced_router_pods_to_exit() -> None:
     assert not router_settled({**settled, "generation": 4}, "decode", 1)
 
 
+def test_a_router_scaled_to_zero_settles_once_its_generation_is_observed() -> None:
+    """The status leaves counts of 0 out: a router with no pods sends to no instance, so a drain
+    ends on the instance's own requests instead of waiting out drainTimeout every time."""
+    listing = {"moe.inference.dev/router-workers": "decode=1"}
+    zero = {
+        "annotations": listing,
+        "status": {"observedGeneration": 5},
+        "generation": 5,
+        "terminatingPods": 0,
+    }
+    assert router_settled(zero, "decode", 1)
+    assert not router_settled({**zero, "generation": 6}, "decode", 1)  # the scale to 0 not yet seen
+    assert not router_settled({**zero, "terminatingPods": 1}, "decode", 1)  # a pod still exiting
+    # pods counted but not all on the current template or ready: not settled
+    rolling = {**zero, "status": {"observedGeneration": 5, "replicas": 1}}
+    assert not router_settled(rolling, "decode", 1)
+    assert not router_settled({**zero, "status": {"observedGeneration": 5, "replicas": "1"}}, "decode", 1)
+
+
 def test_router_of_counts_router_pods_until_they_exit_or_their_grace_has_passed() -> None:
     key, now = ("ns", "m"), 1_000_000.0
     by = codec.write_time(now + 180)  # deleted now, 180 s of grace

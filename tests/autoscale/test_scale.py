@@ -59,6 +59,17 @@ def test_a_drain_that_never_ends_times_out() -> None:
     s = advance(Scale(3, 3), 2, 2, {0, 1, 2}, set(), 0, BOOT, DRAIN).scale
     gone = advance(s, 2, 2, {0, 1, 2}, set(), DRAIN, BOOT, DRAIN)
     assert (gone.scale.instances, gone.event) == (2, "DrainTimedOut")
+    assert "still had requests after" in gone.message
+
+
+def test_a_timed_out_drain_says_what_held_it() -> None:
+    """The event tells an operator whether the timeout cut requests or only waited on the router."""
+    s = advance(Scale(3, 3), 2, 2, {0, 1, 2}, set(), 0, BOOT, DRAIN).scale
+    router = advance(s, 2, 2, {0, 1, 2}, {2}, DRAIN, BOOT, DRAIN, router_settled=False)
+    assert router.event == "DrainTimedOut"
+    assert "no requests left" in router.message and "router had not finished" in router.message
+    both = advance(s, 2, 2, {0, 1, 2}, set(), DRAIN, BOOT, DRAIN, router_settled=False)
+    assert "still had requests, and the router had not finished" in both.message
 
 
 def test_load_back_during_a_drain_relists_the_warm_instance() -> None:

@@ -177,11 +177,23 @@ def _drain(
         )
     if waited >= timeout_s:
         gone = replace(s, instances=s.serving, pending_since=None, last_change=now, draining=False)
+        held = _held(leaving in idle, router_settled)
         return Step(
             gone, "drained", "DrainTimedOut",
-            f"instance {leaving} still had requests after the {timeout_s:.0f}s drain timeout; removed",
+            f"instance {leaving} {held} after the {timeout_s:.0f}s drain timeout; removed",
         )  # fmt: skip
     return Step(s, "draining")
+
+
+def _held(idle: bool, router_settled: bool) -> str:
+    """What kept a drain from ending before its timeout, for the event: the instance's own requests,
+    the router's roll to the list without it (a replaced router pod still exiting included), or both:
+    the first says the timeout cut requests, the second that it cut none."""
+    if idle:
+        return "had no requests left, but the router had not finished rolling to the list without it"
+    if router_settled:
+        return "still had requests"
+    return "still had requests, and the router had not finished rolling to the list without it"
 
 
 def _grow(s: Scale, want: int, ready: Collection[int], now: float, boot_s: float) -> Step:
@@ -297,7 +309,7 @@ def _roll(
         how = (
             f"finished its requests after {waited:.0f}s"
             if done
-            else f"still had requests after the {timeout_s:.0f}s drain timeout"
+            else f"{_held(i in idle, router_settled)} after the {timeout_s:.0f}s drain timeout"
         )
         out = replace(s, released=True, rolling_since=now)
         return Step(

@@ -253,8 +253,10 @@ def router_settled(router: dict[str, Any] | None, pool: Pool, serving: int, off:
         if "=" in part
     )
     st = router["status"]
-    replicas = st.get("replicas")
-    rolled = replicas is not None and replicas == st.get("updatedReplicas") == st.get("readyReplicas")
+    # a count of 0 is left out of the status: a router scaled to 0 (with its generation observed
+    # above, and no pod terminating) sends to no one, so its drains end on the instance's own
+    counts = [st.get(k) or 0 for k in ("replicas", "updatedReplicas", "readyReplicas")]
+    rolled = all(isinstance(c, int) for c in counts) and counts[0] == counts[1] == counts[2]
     expected = router_listing(serving, off)
     return listing.get(pool) == expected and rolled and not st.get("unavailableReplicas")
 
