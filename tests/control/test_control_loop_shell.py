@@ -144,11 +144,13 @@ class FakeClient:
 class Loop:
     """The pool's evaluations, one refreshInterval apart, status carried between them."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, runtimes: dict[str, Runtime]) -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, runtimes: dict[str, Runtime], mode: str = "operator"
+    ) -> None:
         obj = yaml.safe_load((REPO / "examples" / "deepseek-v3-gb200.yaml").read_text())
         obj["spec"].pop("prefill", None)
         obj["spec"]["eplb"].update(
-            refreshInterval="10s", minInterval="10s", minImprovement=0.05, history="5m"
+            refreshInterval="10s", minInterval="10s", minImprovement=0.05, history="5m", mode=mode
         )
         self.spec = MoEDeploymentSpec.model_validate(obj["spec"])
         self.kube = FakeKube()
@@ -163,6 +165,7 @@ class Loop:
         self.state, self.status, self.now = PoolState(), {}, T0
         self.runtimes, self.events = runtimes, []
         self.uids: dict[str, str] = {}  # leader pod -> uid (a recreated pod keeps its name)
+        self.boots: dict[str, str] = {}  # leader pod -> the placement version it booted with (static)
         FakeClient.runtimes = {f"10.0.0.{i}": rt for i, rt in enumerate(runtimes.values())}
         monkeypatch.setattr(control_loop, "RuntimeClient", FakeClient)
         monkeypatch.setattr(kopf, "event", lambda *a, **kw: self.events.append(kw["message"]))
@@ -185,10 +188,11 @@ class Loop:
         t = control_loop.Tick(
             self.op, self.body, self.spec, "decode", SHAPE, self.state, self.status, self.now
         )
-        out = control_loop.evaluate_pool(t, leaders, logging.getLogger("test"))
+        boots = {name: self.boots.get(name, "") for name in self.runtimes}
+        out = control_loop.evaluate_pool(t, leaders, logging.getLogger("test"), boots)
         assert out is not None
         self.status = {**self.status, **out}
-        if LIVE in self.kube.objects:  # the engine takes the higher version: none may lag the ConfigMap
+        if LIVE in self.kube.objects and self.spec.eplb.mode == "operator":  # none may lag the ConfigMap
             live = self.live()["version"]
             assert all(rt.doc and rt.doc["version"] >= live for rt in self.runtimes.values() if rt.up), out
         return out
@@ -207,6 +211,34 @@ def two(monkeypatch: pytest.MonkeyPatch) -> Loop:
     loop.body = kopf.Body({"metadata": {"name": NAME, "namespace": NS, "uid": UID,
                                         "creationTimestamp": control_loop._iso(T0 - 2 * REFRESH)}})  # fmt: skip
     return loop
+
+
+def test_a_static_pool_publishes_again_only_after_it_rolled_onto_the_live_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mode static: each version is a drained roll of every instance. minInterval (10 s here) is
+    shorter than any roll, so the hold is what keeps a pool from rolling without end."""
+    loop = Loop(
+        monkeypatch,
+        {"ds-decode-0-0": Runtime([0, 1, 2], 1), "ds-decode-1-0": Runtime([0, 1, 2], 2)},
+        "static",
+    )
+    loop.now = T0 - REFRESH
+    loop.body = kopf.Body({"metadata": {"name": NAME, "namespace": NS, "uid": UID,
+                                         "creationTimestamp": control_loop._iso(T0 - 2 * REFRESH)}})  # fmt: skip
+    out = loop.tick()
+    assert out.get("version") == 1 and "applied when groups restart" in out["message"], out["message"]
+    assert all(rt.doc is None for rt in loop.runtimes.values())  # static: nothing pushed online
+    for rt in loop.runtimes.values():
+        rt.hot = [10, 11, 12]  # the load moves: a new map would gain
+    loop.boots = {"ds-decode-0-0": "1"}  # instance 1 still boots the trivial map
+    for _ in range(3):
+        out = loop.tick()
+        assert "version" not in out, out["message"]
+        assert "1 of 2 instance(s) boot an older placement than v1: ds-decode-1-0" in out["message"], out
+    loop.boots = {"ds-decode-0-0": "1", "ds-decode-1-0": "1"}  # the roll is over
+    out = loop.tick()
+    assert out.get("version") == 2, out["message"]
 
 
 def test_each_instance_is_pushed_its_own_map_under_the_pools_version(two: Loop) -> None:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
+import kopf
+
 from moe_operator.api.keys import BOOT_PLACEMENT
+from moe_operator.control.decide import Inputs, static_roll
+from moe_operator.control.decide import decide as decide_publish
+from moe_operator.handlers.indexes import engine_pod_index
 from moe_operator.lifecycle import GroupState, PodState, decide, pool_may_roll
 from moe_operator.render.children import placement_versions, render_children
 from moe_operator.render.group import Owner, RuntimeSettings
@@ -78,3 +84,41 @@ def test_placement_versions_reads_status() -> None:
     st = {"placement": {"decode": {"version": 7}, "prefill": {"message": "no windows"}}}
     assert placement_versions(st) == {"decode": 7}
     assert placement_versions({}) == {}
+
+
+def _pod_summary(name: str, template: dict[str, Any]) -> dict[str, Any]:
+    """What the operator's pod index keeps of a pod the StatefulSet made from ``template``."""
+    meta = template["metadata"]
+    raw: Any = {
+        "metadata": {"name": name, "uid": name, "labels": meta["labels"], "annotations": meta["annotations"]}
+    }
+    index: Any = engine_pod_index  # kopf's decorator types it as a handler with every kwarg
+    body = kopf.Body(raw)
+    found = asyncio.run(index(name=name, namespace="ns", body=body, spec=body.spec, status=body.status))
+    assert found is not None
+    summary: dict[str, Any] = next(iter(found.values()))
+    return summary
+
+
+def test_a_static_pool_publishes_again_only_once_every_instance_runs_the_live_placement() -> None:
+    """Each static publish is a roll of the whole pool, one drained instance at a time; one published
+    before the last roll ended restarted it, and a pool rolling longer than minInterval never ended."""
+    objs = render_children(spec("static"), OWNER, PLAN, RuntimeSettings(), placement_versions(status(4)))
+    v4 = next(o["spec"]["template"] for o in objs if o["kind"] == "StatefulSet")
+    v3 = templates("static", status(3))[0]
+    on_v4 = _pod_summary("m-decode-0-0", v4)
+    assert on_v4["bootPlacement"] == "4"
+    assert static_roll(4, {"m-decode-0-0": "4", "m-decode-1-0": "4"}) == ""
+    behind = static_roll(4, {"m-decode-0-0": on_v4["bootPlacement"], "m-decode-1-0": v3[BOOT_PLACEMENT]})
+    assert behind.startswith("1 of 2 instance(s)") and "m-decode-1-0" in behind and "v4" in behind
+    assert static_roll(0, {"m-decode-0-0": ""}) == ""  # nothing published: nothing to roll onto
+    assert static_roll(1, {"a": ""}) != ""  # booted before any version (or in another mode)
+    many = static_roll(9, {f"p{i}": "8" for i in range(5)})
+    assert many.startswith("5 of 5") and "and 2 more" in many
+
+    def reason(mode: str, rolling: str) -> str:
+        return decide_publish(Inputs(mode, 0.4, 0.9, 5, 0.03, 20, 60.0, None, rolling=rolling)).reason  # type: ignore[arg-type]
+
+    assert reason("static", behind) == "rolling"
+    assert reason("static", "") == "published"
+    assert reason("operator", behind) == "published"  # online modes restart nothing

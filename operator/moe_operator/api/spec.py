@@ -425,7 +425,8 @@ class EPLBSpec(APIObject):
         description="Who decides expert placement. operator: the operator plans from every instance's "
         "load history and the engine applies it online at its next rebalance (no restart). engine: "
         "SGLang's own EPLB per instance; the operator observes, persists and alerts. static: no online "
-        "moves; a much better placement is applied by restarting groups one at a time. off: trivial "
+        "moves; a much better placement is applied by restarting groups one at a time, and the next "
+        "only once every group runs it. off: trivial "
         "placement, no EPLB. Pools with EP size 1 have nothing to place and ignore this.",
     )
     redundant_experts: int = Field(

@@ -6,6 +6,7 @@ placement that did not change always says why.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from moe_contract.engine import EplbMode
@@ -22,6 +23,9 @@ class Inputs:
     min_interval_s: float
     since_last_publish_s: float | None  # None: never published
     paused: str = ""  # why automatic placement is paused (a rollback); empty: not paused
+    # mode static: which instances still boot an older placement than the live one (a roll onto it
+    # is under way); empty: every instance runs it
+    rolling: str = ""
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,12 @@ def decide(i: Inputs) -> Decision:
         return Decision(False, False, "observe", f"eplb mode engine: observing only; {numbers}")
     if i.paused:
         return Decision(False, False, "paused", f"automatic placement paused ({i.paused}); {numbers}")
+    if i.mode == "static" and i.rolling:
+        return Decision(
+            False, False, "rolling",
+            f"the pool still rolls onto the live placement ({i.rolling}): a new one waits until every "
+            f"instance runs it; {numbers}",
+        )  # fmt: skip
     if i.moved == 0:
         return Decision(False, False, "unchanged", f"the planner keeps the current placement; {numbers}")
     if gain < i.min_improvement:
@@ -59,3 +69,19 @@ def decide(i: Inputs) -> Decision:
     push = i.mode == "operator"
     how = "pushed to the runtimes" if push else "applied when groups restart"
     return Decision(True, push, "published", f"new placement, {i.moved} slots moved, {how}; {numbers}")
+
+
+def static_roll(live_version: int, boots: Mapping[str, str]) -> str:
+    """Mode static: the instances (name -> the placement version its pods booted with) that do not
+    run ``live_version`` yet, for Inputs.rolling.
+
+    Every published placement is a new pod template that rolls the pool one instance at a time,
+    drained, at one instance fewer; publishing again before that roll ends restarts it, and a pool
+    that rolls longer than minInterval would roll without end. Nothing published yet: nothing rolls."""
+    if live_version <= 0:
+        return ""
+    behind = sorted(name for name, boot in boots.items() if boot != str(live_version))
+    if not behind:
+        return ""
+    names = ", ".join(behind[:3]) + (f" and {len(behind) - 3} more" if len(behind) > 3 else "")
+    return f"{len(behind)} of {len(boots)} instance(s) boot an older placement than v{live_version}: {names}"

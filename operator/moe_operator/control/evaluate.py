@@ -58,6 +58,7 @@ class Policy:
     min_interval_s: float
     bucket_s: float
     paused: str = ""  # see decide.Inputs.paused
+    rolling: str = ""  # see decide.Inputs.rolling
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ def evaluate(
             min_interval_s=policy.min_interval_s,
             since_last_publish_s=since_last_publish_s,
             paused=policy.paused,
+            rolling=policy.rolling,
         )
     )
     return Evaluation(

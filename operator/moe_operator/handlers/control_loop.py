@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ from moe_operator.api.names import GROUP, PLURAL
 from moe_operator.api.types import parse_duration
 from moe_operator.control import history_store
 from moe_operator.control.client import Pushed, RuntimeAnswerError, RuntimeClient
+from moe_operator.control.decide import static_roll
 from moe_operator.control.evaluate import Evaluation, NoFreshWindows, Policy, PoolShape, evaluate
 from moe_operator.control.instances import (
     MAX_STATUS_INSTANCES,
@@ -305,8 +307,11 @@ def publish_version(t: Tick, version: int, phy2log: Any, provenance: dict[str, A
     }
 
 
-def evaluate_pool(t: Tick, leaders: list[dict[str, Any]], logger: Any) -> dict[str, Any] | None:
-    """One tick for one pool, in named steps; returns the status.placement.<pool> fields to write."""
+def evaluate_pool(
+    t: Tick, leaders: list[dict[str, Any]], logger: Any, boots: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
+    """One tick for one pool, in named steps; returns the status.placement.<pool> fields to write.
+    ``boots``: each instance's leader pod (booting ones too) -> the placement version it booted with."""
     s, eplb = t.state, t.spec.eplb
     if not s.loaded:
         restore(t)
@@ -327,6 +332,7 @@ def evaluate_pool(t: Tick, leaders: list[dict[str, Any]], logger: Any) -> dict[s
     policy = Policy(
         mode=eplb.mode, min_improvement=eplb.min_improvement, max_moves=eplb.max_moved_experts_per_refresh,
         min_interval_s=parse_duration(eplb.min_interval), bucket_s=max(1.0, refresh / 4), paused=paused,
+        rolling=static_roll(s.version, boots or {}) if eplb.mode == "static" else "",
     )  # fmt: skip
     with RuntimeClient(leader_tokens(t.op, t.owner, leaders)) as client:
         failed, added = collect(t, client, leaders)
@@ -613,9 +619,10 @@ def control_timer(body: kopf.Body, patch: kopf.Patch, logger: kopf.Logger, memo:
             continue
         state = op.deployment(str(body.metadata.uid)).pools.setdefault(pool, PoolState())
         t = Tick(op, body, spec, pool, shape, state, dict(current.get(pool) or {}), time.time())
-        leaders = [p for p in pods if p["pool"] == pool and p["rank"] == 0 and p["ip"] and not p["deleting"]]
+        heads = [p for p in pods if p["pool"] == pool and p["rank"] == 0 and not p["deleting"]]
+        leaders = [p for p in heads if p["ip"]]
         try:
-            fields = evaluate_pool(t, leaders, logger)
+            fields = evaluate_pool(t, leaders, logger, {p["name"]: p.get("bootPlacement", "") for p in heads})
         except (KubeError, httpx.HTTPError) as exc:
             t.count("moe_operator_placement_skips_total", "api_error")
             t.count("moe_operator_rebalance_failures_total", "api_error")

@@ -83,6 +83,8 @@ async def engine_pod_index(
             "created": body.metadata.get("creationTimestamp"),
             "deleting": body.metadata.get("deletionTimestamp") is not None,
             "templateHash": (body.metadata.annotations or {}).get(K.TEMPLATE_HASH, ""),
+            # eplb mode static: the placement version it booted with (its template's)
+            "bootPlacement": str((body.metadata.annotations or {}).get(K.BOOT_PLACEMENT, "")),
             "node": spec.get("nodeName"),
             "ip": status.get("podIP"),
             # the controller that created it: engine pods are trusted only when it is theirs
