@@ -134,3 +134,31 @@ def test_a_width_change_admits_with_a_warning_that_says_what_it_costs() -> None:
     applying["decode"]["autoscaling"]["widthChanges"] = "Apply"
     assert any("no longer Apply" in w for w in warnings(scaled, applying))
     assert not any("no longer Apply" in w for w in warnings(applying, applying))
+
+
+def test_a_drain_timeout_shorter_than_the_router_may_finish_requests_admits_with_a_warning() -> None:
+    """A replaced router pod may finish requests at the leaving instance for its pre-stop wait plus
+    its shutdown grace (sglang-router 0.3.2: 180 s by default); a shorter drainTimeout cuts them."""
+    scaled = copy.deepcopy(BASE_SPEC)
+    scaled["decode"]["autoscaling"] = {
+        "mode": "Operator",
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "slo": {"itl": "50ms"},
+        "drainTimeout": "2m",
+    }
+    assert validate(scaled) == []
+    said = [w for w in warnings(scaled) if "drainTimeout" in w]
+    assert len(said) == 1 and "spec.decode.autoscaling.drainTimeout (2m)" in said[0] and "185s" in said[0]
+    enough = copy.deepcopy(scaled)
+    enough["decode"]["autoscaling"]["drainTimeout"] = "185s"
+    assert not any("drainTimeout" in w for w in warnings(enough))
+    short_grace = copy.deepcopy(scaled)
+    short_grace.setdefault("router", {})["extraArgs"] = ["--shutdown-grace-period-secs", "60"]
+    assert validate(short_grace) == [] and not any("drainTimeout" in w for w in warnings(short_grace))
+    no_router = copy.deepcopy(scaled)
+    no_router.setdefault("router", {})["replicas"] = 0
+    assert not any("drainTimeout" in w for w in warnings(no_router))
+    external = copy.deepcopy(scaled)
+    external["decode"]["autoscaling"]["mode"] = "External"
+    assert not any("drainTimeout" in w for w in warnings(external))

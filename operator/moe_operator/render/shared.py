@@ -33,7 +33,8 @@ from moe_operator.render.group import (
     service_account_name,
     token_secret_name,
 )
-from moe_operator.validation.flags import MAX_ROUTER_SHUTDOWN_GRACE_S, ROUTER_SHUTDOWN_GRACE_FLAG, flag_value
+from moe_operator.validation.flags import ROUTER_PRESTOP_S
+from moe_operator.validation.flags import router_shutdown_grace_s as shutdown_grace_s
 
 
 def _meta(
@@ -116,17 +117,9 @@ os.execv(sys.executable, argv)
 """
 
 
-ROUTER_PRESTOP_S = 5
-"""A replaced router pod keeps serving this long before SIGTERM: the Service's endpoints drop it first."""
-
-
 def router_shutdown_grace_s(spec: MoEDeploymentSpec) -> int:
-    """How long the router finishes its requests in flight after SIGTERM: ``--shutdown-grace-period-secs``
-    from spec.router.extraArgs, else sglang-router's own default (180 s in 0.3.2, read from its catalog)."""
-    catalog = router_catalog()
-    given = flag_value(list(spec.router.extra_args), ROUTER_SHUTDOWN_GRACE_FLAG, catalog)
-    value = given if given is not None else catalog.flag(ROUTER_SHUTDOWN_GRACE_FLAG).default
-    return min(max(0, int(value)), MAX_ROUTER_SHUTDOWN_GRACE_S)  # admission refuses the rest
+    """The router's own shutdown grace for ``spec`` (validation.flags.router_shutdown_grace_s)."""
+    return shutdown_grace_s(spec.router.extra_args)
 
 
 def router_termination_grace_s(spec: MoEDeploymentSpec) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..api.spec import MoEDeploymentSpec
 from .arg_rules import check_extra_args
-from .autoscaling_rules import check_autoscaling
+from .autoscaling_rules import autoscaling_warnings, check_autoscaling
 from .consistency_rules import check_eplb, check_ports
 from .memory_rules import check_gpu_memory, check_memory
 from .model_rules import check_model
@@ -119,7 +119,7 @@ def warnings(spec: Mapping[str, Any], old_spec: Mapping[str, Any] | None = None)
     --explain); ``old_spec``: the spec an update replaces."""
     parsed, _ = parse_spec(spec)
     changes = update_warnings(spec, old_spec) if old_spec is not None else []
-    return changes + ([] if parsed is None else recipe_warnings(parsed))
+    return changes + ([] if parsed is None else recipe_warnings(parsed) + autoscaling_warnings(parsed))
 
 
 def _unique(problems: list[Problem]) -> list[Problem]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from ..api.derived import pools, world_size
 from ..api.spec import MoEDeploymentSpec
+from ..api.types import parse_duration
+from .flags import ROUTER_PRESTOP_S, router_shutdown_grace_s
 from .problem import Problem
 
 
@@ -81,3 +83,25 @@ def check_autoscaling(spec: MoEDeploymentSpec) -> list[Problem]:
                 )
             )
     return problems
+
+
+def autoscaling_warnings(spec: MoEDeploymentSpec) -> list[str]:
+    """What admits but cuts requests: a drainTimeout shorter than a replaced router pod may still be
+    finishing requests at the instance being removed (its pre-stop wait plus its shutdown grace).
+    A scale-in or a roll lists the instance off the router, which rolls; the drain ends when no
+    replaced router pod runs and the instance is idle, or at drainTimeout, cutting what it still runs."""
+    if spec.router.replicas == 0:
+        return []
+    grace = ROUTER_PRESTOP_S + router_shutdown_grace_s(spec.router.extra_args)
+    out: list[str] = []
+    for name, pool in pools(spec).items():
+        a = pool.autoscaling
+        if a is None or a.mode != "Operator" or parse_duration(a.drain_timeout) >= grace:
+            continue
+        out.append(
+            f"spec.{name}.autoscaling.drainTimeout ({a.drain_timeout}) is shorter than a replaced router "
+            f"pod may keep finishing requests ({grace}s: its {ROUTER_PRESTOP_S}s pre-stop wait and the router's "
+            "--shutdown-grace-period-secs): a drain that times out removes the instance with those requests "
+            f"in flight; set drainTimeout to {grace}s or more, or lower the router's shutdown grace"
+        )
+    return out

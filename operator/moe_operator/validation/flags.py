@@ -8,7 +8,9 @@ covered, because SGLang's parser accepts all of them (moe_contract.flags.resolve
 
 from __future__ import annotations
 
-from moe_contract.flags import Catalog, engine_catalog, resolve
+from collections.abc import Sequence
+
+from moe_contract.flags import Catalog, engine_catalog, resolve, router_catalog
 
 _POOL_WORLD = "spec.{pool}.nodesPerReplica x spec.topology.gpusPerNode"
 
@@ -108,6 +110,8 @@ ROUTER_SHUTDOWN_GRACE = "shutdown_grace_period_secs"
 ROUTER_SHUTDOWN_GRACE_FLAG = "--shutdown-grace-period-secs"
 ROUTER_REQUEST_TIMEOUT_FLAG = "--request-timeout-secs"
 MAX_ROUTER_SHUTDOWN_GRACE_S = 86_400
+ROUTER_PRESTOP_S = 5
+"""A replaced router pod keeps serving this long before SIGTERM: the Service's endpoints drop it first."""
 
 # Engine flags whose value decides whether they bypass the placement (checked in arg_rules).
 REBALANCE_THRESHOLD = "eplb_min_rebalancing_utilization_threshold"
@@ -130,3 +134,16 @@ def flag_value(args: list[str], flag: str, catalog: Catalog | None = None) -> st
     if found is None or not isinstance(found.value, int | float | str) or isinstance(found.value, bool):
         return None
     return str(found.value)
+
+
+def router_shutdown_grace_s(router_args: Sequence[str]) -> int:
+    """How long the router finishes its requests in flight after SIGTERM: ``--shutdown-grace-period-secs``
+    from spec.router.extraArgs, else sglang-router's own default (180 s in 0.3.2, read from its catalog)."""
+    catalog = router_catalog()
+    given = flag_value(list(router_args), ROUTER_SHUTDOWN_GRACE_FLAG, catalog)
+    value = given if given is not None else catalog.flag(ROUTER_SHUTDOWN_GRACE_FLAG).default
+    try:
+        seconds = int(value)
+    except (TypeError, ValueError):
+        return MAX_ROUTER_SHUTDOWN_GRACE_S
+    return min(max(0, seconds), MAX_ROUTER_SHUTDOWN_GRACE_S)  # admission refuses the rest
