@@ -154,6 +154,8 @@ def test_a_router_scaled_to_zero_settles_once_its_generation_is_observed() -> No
     rolling = {**zero, "status": {"observedGeneration": 5, "replicas": 1}}
     assert not router_settled(rolling, "decode", 1)
     assert not router_settled({**zero, "status": {"observedGeneration": 5, "replicas": "1"}}, "decode", 1)
+    garbage = {"observedGeneration": 5, "replicas": "x", "updatedReplicas": "x", "readyReplicas": "x"}
+    assert not router_settled({**zero, "status": garbage}, "decode", 1)  # not counts: not settled
 
 
 def test_router_of_counts_router_pods_until_they_exit_or_their_grace_has_passed() -> None:

@@ -70,6 +70,10 @@ def test_a_timed_out_drain_says_what_held_it() -> None:
     assert "no requests left" in router.message and "router had not finished" in router.message
     both = advance(s, 2, 2, {0, 1, 2}, set(), DRAIN, BOOT, DRAIN, router_settled=False)
     assert "still had requests, and the router had not finished" in both.message
+    # a drainTimeout under the 30 s minimum: idle with the router settled is a finished drain
+    short = advance(Scale(3, 3), 2, 2, {0, 1, 2}, set(), 0, BOOT, 10).scale
+    done = advance(short, 2, 2, {0, 1, 2}, {2}, 10, BOOT, 10)
+    assert (done.scale.instances, done.event) == (2, "ScaledIn")
 
 
 def test_load_back_during_a_drain_relists_the_warm_instance() -> None:
@@ -133,7 +137,9 @@ def test_a_width_change_without_room_drains_each_narrow_instance_first() -> None
     assert (s.scale.instances, s.scale.rolling, s.event) == (2, 0, "WidthDraining")
     timed_out = _tick(s.scale, DRAIN, narrow={0, 1}, ready=set(), idle=set())
     assert (timed_out.scale.released, timed_out.event) == (True, "WidthDrained")
-    assert "drain timeout" in timed_out.message
+    assert "instance 0 still had requests after the" in timed_out.message
+    router = _tick(s.scale, DRAIN, narrow={0, 1}, ready=set(), idle={0}, settled=False)
+    assert "instance 0 had no requests left, but the router had not finished" in router.message
 
 
 def test_a_width_change_waits_while_a_listed_instance_is_down_and_load_growth_goes_first() -> None:

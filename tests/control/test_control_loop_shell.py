@@ -9,6 +9,7 @@ import base64
 import json
 import logging
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -236,9 +237,62 @@ def test_a_static_pool_publishes_again_only_after_it_rolled_onto_the_live_versio
         out = loop.tick()
         assert "version" not in out, out["message"]
         assert "1 of 2 instance(s) boot an older placement than v1: ds-decode-1-0" in out["message"], out
-    loop.boots = {"ds-decode-0-0": "1", "ds-decode-1-0": "1"}  # the roll is over
-    out = loop.tick()
+    loop.boots = {"ds-decode-0-0": "1", "ds-decode-1-0": "1"}
+    meta = dict(loop.body["metadata"])
+    loop.body = kopf.Body({"metadata": meta, "status": {"pools": {"decode": {"outdated": [1]}}}})
+    out = loop.tick()  # every leader on v1, but the reconciler still rolls instance 1 (its pod replaced)
+    assert "version" not in out and "instance(s) [1] run an older pod template" in out["message"], out
+    loop.body = kopf.Body({"metadata": meta, "status": {"pools": {"decode": {"outdated": []}}}})
+    out = loop.tick()  # the roll is over
     assert out.get("version") == 2, out["message"]
+    # the hold compares with the version the reconciler renders (the status's): were the status's
+    # version lost, the pods boot none, and this process's memory of v2 must not hold forever
+    loop.status = {k: v for k, v in loop.status.items() if k != "version"}
+    loop.boots = {}
+    out = loop.tick()
+    assert "older placement" not in out["message"], out["message"]
+
+
+def test_the_timer_hands_the_hold_every_leader_pods_boot_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """control_timer's part: rank-0 pods of the pool, booting ones (no IP yet) too, none being deleted
+    (the reconciler's outdated list covers an instance whose pod is replaced)."""
+    obj = yaml.safe_load((REPO / "examples" / "deepseek-v3-gb200.yaml").read_text())
+    obj["spec"].pop("prefill", None)
+    obj["spec"]["eplb"]["mode"] = "static"
+    op = OperatorState(
+        kube=FakeKube(), settings=RuntimeSettings(), metrics=OperatorMetrics(), wakeups=Wakeups(5.0)
+    )  # type: ignore[arg-type]
+    body = kopf.Body(
+        {"metadata": {"name": NAME, "namespace": NS, "uid": UID}, "spec": obj["spec"], "status": {}}
+    )
+
+    def pod(i: int, rank: int, boot: str, *, ip: bool = True, deleting: bool = False) -> dict[str, Any]:
+        group = f"{NAME}-decode-{i}"
+        return {"name": f"{group}-{rank}", "uid": f"p{i}{rank}", "pool": "decode", "instance": i, "rank": rank,
+                "deleting": deleting, "ip": f"10.0.{i}.{rank}" if ip else None, "bootPlacement": boot,
+                "owner": {"kind": "StatefulSet", "name": group, "uid": f"s{i}"}}  # fmt: skip
+
+    pods = [pod(0, 0, "2"), pod(0, 1, "1"), pod(1, 0, "1", ip=False), pod(2, 0, "1", deleting=True)]
+    groups = [{"kind": "StatefulSet", "name": f"{NAME}-decode-{i}", "uid": f"s{i}"} for i in range(3)]
+    seen: list[tuple[list[str], dict[str, str]]] = []
+
+    def evaluate_pool(t: Any, leaders: list[dict[str, Any]], logger: Any, boots: dict[str, str]) -> None:
+        seen.append(([p["name"] for p in leaders], boots))
+
+    monkeypatch.setattr(control_loop, "evaluate_pool", evaluate_pool)
+    indexes = {
+        "statefulset_index": {(NS, NAME): groups},
+        "leaderworkerset_index": {},
+        "engine_pod_index": {(NS, NAME): pods},
+    }
+    control_loop.control_timer(
+        body=body,
+        patch=kopf.Patch(),
+        logger=logging.getLogger("t"),
+        memo=types.SimpleNamespace(operator=op),
+        **indexes,
+    )  # type: ignore[arg-type]
+    assert seen == [([f"{NAME}-decode-0-0"], {f"{NAME}-decode-0-0": "2", f"{NAME}-decode-1-0": "1"})]
 
 
 def test_each_instance_is_pushed_its_own_map_under_the_pools_version(two: Loop) -> None:

@@ -167,7 +167,7 @@ def _drain(
     if need is not None and need > s.serving:  # load came back: the warm instance serves again
         back = replace(s, serving=s.instances, pending_since=None, last_change=now, draining=False)
         return Step(back, "steady", "DrainCancelled", f"instance {leaving} back on the router: load needs it")
-    if waited >= MIN_DRAIN_S and leaving in idle and router_settled:
+    if waited >= min(MIN_DRAIN_S, timeout_s) and leaving in idle and router_settled:
         gone = replace(s, instances=s.serving, pending_since=None, last_change=now, draining=False)
         return Step(
             gone,
@@ -188,7 +188,8 @@ def _drain(
 def _held(idle: bool, router_settled: bool) -> str:
     """What kept a drain from ending before its timeout, for the event: the instance's own requests,
     the router's roll to the list without it (a replaced router pod still exiting included), or both:
-    the first says the timeout cut requests, the second that it cut none."""
+    the first says the timeout cut requests, the second that it cut none. (Idle with the router
+    settled is no timeout: a drainTimeout under the 30 s minimum ends the drain as finished.)"""
     if idle:
         return "had no requests left, but the router had not finished rolling to the list without it"
     if router_settled:
@@ -304,7 +305,7 @@ def _roll(
         )  # fmt: skip
     if s.released:
         return Step(s, f"{kind.word}_rolling")
-    done = waited >= MIN_DRAIN_S and i in idle and router_settled
+    done = waited >= min(MIN_DRAIN_S, timeout_s) and i in idle and router_settled
     if done or waited >= timeout_s:
         how = (
             f"finished its requests after {waited:.0f}s"

@@ -6,7 +6,7 @@ placement that did not change always says why.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from moe_contract.engine import EplbMode
@@ -71,17 +71,25 @@ def decide(i: Inputs) -> Decision:
     return Decision(True, push, "published", f"new placement, {i.moved} slots moved, {how}; {numbers}")
 
 
-def static_roll(live_version: int, boots: Mapping[str, str]) -> str:
-    """Mode static: the instances (name -> the placement version its pods booted with) that do not
-    run ``live_version`` yet, for Inputs.rolling.
+def static_roll(live_version: int, boots: Mapping[str, str], outdated: Collection[int] = ()) -> str:
+    """Mode static: what of the pool still rolls, for Inputs.rolling: the instances (leader pod name ->
+    the placement version it booted with) not on ``live_version`` yet, and the instances the
+    reconciler lists as running an older pod template (``outdated``: a placement, width or spec roll
+    under way, a leader pod being replaced included).
 
     Every published placement is a new pod template that rolls the pool one instance at a time,
     drained, at one instance fewer; publishing again before that roll ends restarts it, and a pool
-    that rolls longer than minInterval would roll without end. Nothing published yet: nothing rolls."""
-    if live_version <= 0:
-        return ""
-    behind = sorted(name for name, boot in boots.items() if boot != str(live_version))
-    if not behind:
-        return ""
-    names = ", ".join(behind[:3]) + (f" and {len(behind) - 3} more" if len(behind) > 3 else "")
-    return f"{len(behind)} of {len(boots)} instance(s) boot an older placement than v{live_version}: {names}"
+    that rolls longer than minInterval would roll without end. Nothing published yet: no version
+    to be behind."""
+    behind = sorted(n for n, boot in boots.items() if boot != str(live_version)) if live_version > 0 else []
+    parts = []
+    if behind:
+        names = ", ".join(behind[:3]) + (f" and {len(behind) - 3} more" if len(behind) > 3 else "")
+        parts.append(
+            f"{len(behind)} of {len(boots)} instance(s) boot an older placement than v{live_version}: {names}"
+        )
+    if outdated:
+        shown = sorted(outdated)
+        more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
+        parts.append(f"instance(s) {shown[:5]}{more} run an older pod template")
+    return "; ".join(parts)

@@ -31,6 +31,7 @@ from moe_operator.api.conditions import Reason
 from moe_operator.api.derived import pool_layout, resolve_architecture, world_size
 from moe_operator.api.names import GROUP, PLURAL
 from moe_operator.api.types import parse_duration
+from moe_operator.autoscale import codec
 from moe_operator.control import history_store
 from moe_operator.control.client import Pushed, RuntimeAnswerError, RuntimeClient
 from moe_operator.control.decide import static_roll
@@ -308,7 +309,7 @@ def publish_version(t: Tick, version: int, phy2log: Any, provenance: dict[str, A
 
 
 def evaluate_pool(
-    t: Tick, leaders: list[dict[str, Any]], logger: Any, boots: Mapping[str, str] | None = None
+    t: Tick, leaders: list[dict[str, Any]], logger: Any, boots: Mapping[str, str]
 ) -> dict[str, Any] | None:
     """One tick for one pool, in named steps; returns the status.placement.<pool> fields to write.
     ``boots``: each instance's leader pod (booting ones too) -> the placement version it booted with."""
@@ -332,7 +333,7 @@ def evaluate_pool(
     policy = Policy(
         mode=eplb.mode, min_improvement=eplb.min_improvement, max_moves=eplb.max_moved_experts_per_refresh,
         min_interval_s=parse_duration(eplb.min_interval), bucket_s=max(1.0, refresh / 4), paused=paused,
-        rolling=static_roll(s.version, boots or {}) if eplb.mode == "static" else "",
+        rolling=still_rolling(t, boots) if eplb.mode == "static" else "",
     )  # fmt: skip
     with RuntimeClient(leader_tokens(t.op, t.owner, leaders)) as client:
         failed, added = collect(t, client, leaders)
@@ -350,6 +351,17 @@ def evaluate_pool(
     if out.get("version") and "configMap" in out:
         logger.info(f"{t.pool}: published placement v{out['version']}: {out['message']}")
     return out
+
+
+def still_rolling(t: Tick, boots: Mapping[str, str]) -> str:
+    """Mode static: what of the pool has not rolled onto the version the reconciler renders (the
+    status's, not this process's memory of its last publish) or onto the current pod template."""
+    try:
+        live = int(t.status.get("version") or 0)
+    except (TypeError, ValueError, OverflowError):
+        live = 0
+    status = t.body.get("status") or {}
+    return static_roll(live, boots, codec.read_indexes(status, t.pool, "outdated"))
 
 
 def decide_and_publish(t: Tick, policy: Policy, refresh: float) -> tuple[dict[str, Any], bool]:
