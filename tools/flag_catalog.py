@@ -12,14 +12,18 @@ router's is the one ``sglang_router.launch_router.parse_router_args`` builds, ca
 it parses an empty command line. Every action becomes one record: option strings (aliases
 included), dest, action kind, nargs, type, choices, default, const, deprecation. Names the
 engine checks only after parsing (the EPLB algorithm, a free string on the command line) are
-captured from the enum that checks them. The operator reads these files through
+captured from the enum that checks them. The router's integer flags also get the range its
+Rust fields take (``intRanges``), probed through ``Router.from_args`` at the integer types'
+edges: a value past it stops the router at start-up. The operator reads these files through
 moe_contract.flags and never imports sglang.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata as md
+import io
 import json
 import re
 import sys
@@ -185,10 +189,51 @@ def engine_catalog() -> dict[str, Any]:
     return catalog(parser, "sglang", "sglang", "python -m sglang.launch_server", later)
 
 
+# Values tried on each integer flag of the router: the edges of the Rust integer types its
+# fields may have (i8..i64, u8..u64), so the range found is the field's own.
+_LOWS = (-(2**63), -(2**31), -(2**15), -(2**7), -1, 0, 1)
+_HIGHS = (2**7 - 1, 2**8 - 1, 2**15 - 1, 2**16 - 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1)
+
+
+def router_int_ranges(parser: argparse.ArgumentParser) -> dict[str, list[int]]:
+    """dest -> [lowest, highest] value of each integer flag the router starts with: what
+    ``launch_router`` takes up to ``Router.from_args``, which hands the values to the Rust router
+    (PyO3 refuses a negative number for an unsigned field, and one past the field's width, with
+    OverflowError: the router exits at start-up). Probed at the integer types' edges."""
+    from sglang_router.launch_router import parse_router_args
+    from sglang_router.router import Router
+
+    def takes(option: str, value: int) -> bool:
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):
+                args = parse_router_args(["--worker-urls", "http://127.0.0.1:1", option, str(value)])
+                args._validate_router_args()
+                Router.from_args(args)
+        except (OverflowError, ValueError, TypeError, SystemExit):
+            return False
+        return True
+
+    ranges: dict[str, list[int]] = {}
+    for action in parser._actions:
+        if action.type is not int or action.nargs is not None or not action.option_strings:
+            continue
+        option = next(o for o in action.option_strings if o.startswith("--"))
+        lows = [v for v in _LOWS if takes(option, v)]
+        highs = [v for v in _HIGHS if takes(option, v)]
+        if lows and highs:
+            ranges[action.dest] = [min(lows), max(highs)]
+    return ranges
+
+
 def router_catalog() -> dict[str, Any]:
-    return catalog(
-        router_parser(), "sglang-router", "sglang-router", "python -m sglang_router.launch_router", {}
-    )
+    parser = router_parser()
+    doc = catalog(parser, "sglang-router", "sglang-router", "python -m sglang_router.launch_router", {})
+    doc["intRanges"] = {
+        "source": "sglang_router.router.Router.from_args at the integer types' edges "
+        "(tools/flag_catalog.py router_int_ranges)",
+        "ranges": router_int_ranges(parser),
+    }
+    return doc
 
 
 def file_name(doc: dict[str, Any]) -> str:

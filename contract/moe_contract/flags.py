@@ -71,6 +71,9 @@ class Catalog:
     prefix_chars: str
     flags: tuple[Flag, ...]
     checked_later: Mapping[str, tuple[str, ...]]
+    # dest -> (lowest, highest) an integer flag may take for the program to start (the router's
+    # Rust fields: a value past them stops it at start-up); flags not listed: no known bound
+    int_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     by_option: Mapping[str, Flag] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -121,6 +124,9 @@ def parse_catalog(doc: Mapping[str, Any]) -> Catalog:
         prefix_chars=doc["prefixChars"],
         flags=flags,
         checked_later={dest: tuple(v["names"]) for dest, v in doc.get("checkedLater", {}).items()},
+        int_ranges={
+            dest: (int(lo), int(hi)) for dest, (lo, hi) in doc.get("intRanges", {}).get("ranges", {}).items()
+        },
     )
 
 

@@ -99,6 +99,15 @@ REFUSED: list[ArgCase] = [
     ArgCase("router-shutdown-grace-past-a-day", "router",
             ("--request-timeout-secs", "200000", "--shutdown-grace-period-secs", "100000"),
             "spec.router.extraArgs[2]", ("at most 86400 s here", "give at most 86400")),
+    # the router hands its integers to Rust fields (u16, u32, u64, i32), bounds probed on 0.3.2
+    ArgCase("router-negative-retries", "router", ("--retry-max-retries", "-1"), "spec.router.extraArgs[0]",
+            ("--retry-max-retries -1", "sglang-router 0.3.2 takes 0 to 4294967295", "stops at start-up")),
+    ArgCase("router-retries-past-u32", "router", ("--retry-max-retries=4294967296",), "spec.router.extraArgs[0]",
+            ("takes 0 to 4294967295",)),
+    ArgCase("router-threshold-past-u32", "router", ("--cb-failure-threshold", "99999999999"),
+            "spec.router.extraArgs[0]", ("--cb-failure-threshold 99999999999", "takes 0 to 4294967295")),
+    ArgCase("router-negative-queue", "router", ("--queue-size", "-3"), "spec.router.extraArgs[0]",
+            ("--queue-size -3", "takes 0 to 18446744073709551615")),
 ]  # fmt: skip
 
 ACCEPTED: list[ArgCase] = [
@@ -115,6 +124,7 @@ ACCEPTED: list[ArgCase] = [
     ArgCase("deprecated-but-working", "decode", ("--disable-cuda-graph",)),
     ArgCase("router-tuning", "router", ("--prefill-policy", "bucket", "--max-concurrent-requests", "256")),
     ArgCase("router-longer-shutdown-grace", "router", ("--request-timeout-secs", "3600", "--shutdown-grace-period-secs", "3600")),
+    ArgCase("router-signed-limit", "router", ("--max-concurrent-requests", "-1", "--retry-max-retries", "4294967295")),
 ]  # fmt: skip
 
 

@@ -177,7 +177,8 @@ def _flag_problem(lst: _List, occ: Occurrence) -> Problem | None:
             f"{_spelled(occ)} is set by the operator from {source}: remove it from {lst.where}{fix}",
         )
     if not lst.engine:
-        return _shutdown_grace_problem(lst, occ) if dest == ROUTER_SHUTDOWN_GRACE else None
+        grace = _shutdown_grace_problem(lst, occ) if dest == ROUTER_SHUTDOWN_GRACE else None
+        return grace or _range_problem(lst, occ)
     if dest in ENGINE_LIFTED and occ.written != flag.name:
         return _at(
             lst,
@@ -241,6 +242,24 @@ def _value_problem(lst: _List, occ: Occurrence) -> Problem | None:
             f"placement to manage; remove it from {lst.where}",
         )
     return None
+
+
+def _range_problem(lst: _List, occ: Occurrence) -> Problem | None:
+    """An integer past what the program's own field holds: the router hands it to Rust, which
+    refuses it (OverflowError) before it serves (the catalog's intRanges, probed on the real one)."""
+    bounds = lst.catalog.int_ranges.get(occ.flag.dest)
+    value = occ.value
+    if bounds is None or not isinstance(value, int) or isinstance(value, bool):
+        return None
+    lo, hi = bounds
+    if lo <= value <= hi:
+        return None
+    return _at(
+        lst,
+        occ.index,
+        f"{_spelled(occ)} {value}: {_program(lst)} takes {lo} to {hi} there and stops at start-up on "
+        "anything else; give a value in that range",
+    )
 
 
 def _shutdown_grace_problem(lst: _List, occ: Occurrence) -> Problem | None:
