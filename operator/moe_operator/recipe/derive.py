@@ -323,16 +323,18 @@ def router_policy(policy: str, workers: int) -> str:
     return "round_robin" if policy == "power_of_two" and workers < 2 else policy
 
 
-def router_role_policies(spec: MoEDeploymentSpec) -> list[str]:
+def router_role_policies(spec: MoEDeploymentSpec, prefill: int, decode: int) -> list[str]:
     """In P/D the router picks a prefill instance by spec.router.policy and a decode instance by load:
     decode keeps no prefix cache (SGLang's P/D decode disables the radix cache), so cache affinity
-    there only concentrates load. The user's router extraArgs win."""
+    there only concentrates load. The user's router extraArgs win. ``prefill`` and ``decode``: the
+    instances the router lists, not the spec's replicas: an autoscaled pool, or one with an instance
+    off the list for its roll, may list one, where power_of_two stops the router at start-up."""
     if spec.prefill is None:
         return []
     user = {o.flag.dest for o in resolve(router_catalog(), list(spec.router.extra_args)).occurrences}
     out: list[str] = []
     if "prefill_policy" not in user:
-        out += ["--prefill-policy", router_policy(spec.router.policy, spec.prefill.replicas)]
+        out += ["--prefill-policy", router_policy(spec.router.policy, prefill)]
     if "decode_policy" not in user:
-        out += ["--decode-policy", router_policy("power_of_two", spec.decode.replicas)]
+        out += ["--decode-policy", router_policy("power_of_two", decode)]
     return out

@@ -181,7 +181,7 @@ def router_objects(
     args += ["--health-check-endpoint", "/ready"]
     if spec.prefill is not None:
         args.append("--pd-disaggregation")
-        args += router_role_policies(spec)
+        args += router_role_policies(spec, len(urls("prefill")), len(urls("decode")))
         for url in urls("prefill"):
             args += ["--prefill", url, str(spec.kv_transfer.bootstrap_port)]
         for url in urls("decode"):

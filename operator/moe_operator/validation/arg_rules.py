@@ -178,7 +178,7 @@ def _flag_problem(lst: _List, occ: Occurrence) -> Problem | None:
         )
     if not lst.engine:
         grace = _shutdown_grace_problem(lst, occ) if dest == ROUTER_SHUTDOWN_GRACE else None
-        return grace or _range_problem(lst, occ)
+        return grace or _power_of_two_problem(lst, occ) or _range_problem(lst, occ)
     if dest in ENGINE_LIFTED and occ.written != flag.name:
         return _at(
             lst,
@@ -242,6 +242,28 @@ def _value_problem(lst: _List, occ: Occurrence) -> Problem | None:
             f"placement to manage; remove it from {lst.where}",
         )
     return None
+
+
+def _power_of_two_problem(lst: _List, occ: Occurrence) -> Problem | None:
+    """sglang-router 0.3.2 stops at start-up with power_of_two over fewer than two workers of a role,
+    and the router lists fewer than the spec's replicas while a pool is scaled in or an instance is
+    off the list for its roll. The operator picks round_robin for such a list; a policy given here
+    would win over it."""
+    if occ.flag.dest not in ("prefill_policy", "decode_policy") or occ.value != "power_of_two":
+        return None
+    role = occ.flag.dest.split("_")[0]
+    fix = (
+        "set spec.router.policy: power_of_two instead"
+        if role == "prefill"
+        else "remove it: the operator already routes decode by power_of_two"
+    )
+    return _at(
+        lst,
+        occ.index,
+        f"{_spelled(occ)} power_of_two: {_program(lst)} stops at start-up when it lists fewer than two "
+        f"{role} instances, as it does while the pool is scaled in or an instance rolls, and this flag "
+        f"would keep the operator from falling back to round_robin then; {fix}",
+    )
 
 
 def _range_problem(lst: _List, occ: Occurrence) -> Problem | None:
