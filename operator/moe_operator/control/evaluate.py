@@ -74,6 +74,21 @@ class Evaluation:
     restored_buckets: int = 0  # of which restored from before an operator restart
 
 
+def _inputs(policy: Policy, measured: float, predicted: float, moved: int, since: float | None) -> Inputs:
+    return Inputs(
+        mode=policy.mode,
+        measured=measured,
+        predicted=predicted,
+        moved=moved,
+        min_improvement=policy.min_improvement,
+        max_moves=policy.max_moves,
+        min_interval_s=policy.min_interval_s,
+        since_last_publish_s=since,
+        paused=policy.paused,
+        rolling=policy.rolling,
+    )
+
+
 def evaluate(
     windows: Sequence[Window],
     current: np.ndarray,
@@ -110,20 +125,7 @@ def evaluate(
     if bad:
         raise UnsafePlan("the planner's map is unsafe, not published: " + "; ".join(bad[:3]))
     predicted = score.mean_over_moe(result.predicted_balancedness, recent)
-    decision = decide(
-        Inputs(
-            mode=policy.mode,
-            measured=measured,
-            predicted=predicted,
-            moved=result.moved_slots,
-            min_improvement=policy.min_improvement,
-            max_moves=policy.max_moves,
-            min_interval_s=policy.min_interval_s,
-            since_last_publish_s=since_last_publish_s,
-            paused=policy.paused,
-            rolling=policy.rolling,
-        )
-    )
+    decision = decide(_inputs(policy, measured, predicted, result.moved_slots, since_last_publish_s))
     return Evaluation(
         decision,
         candidate,
