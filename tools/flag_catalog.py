@@ -196,10 +196,12 @@ _HIGHS = (2**7 - 1, 2**8 - 1, 2**15 - 1, 2**16 - 1, 2**31 - 1, 2**32 - 1, 2**63 
 
 
 def router_int_ranges(parser: argparse.ArgumentParser) -> dict[str, list[int]]:
-    """dest -> [lowest, highest] value of each integer flag the router starts with: what
-    ``launch_router`` takes up to ``Router.from_args``, which hands the values to the Rust router
-    (PyO3 refuses a negative number for an unsigned field, and one past the field's width, with
-    OverflowError: the router exits at start-up). Probed at the integer types' edges."""
+    """dest -> [lowest, highest] value of each integer flag that the Rust router's field holds: what
+    ``launch_router`` takes up to ``Router.from_args``, which hands the values over (PyO3 refuses a
+    negative number for an unsigned field, and one past the field's width, with OverflowError: the
+    router exits at start-up). Probed at the integer types' edges; a flag that takes every edge is
+    not handed over with the default settings (a history backend's pool sizes) and is left out.
+    The router checks more when it starts (minimums such as 1), which this does not find."""
     from sglang_router.launch_router import parse_router_args
     from sglang_router.router import Router
 
@@ -209,7 +211,9 @@ def router_int_ranges(parser: argparse.ArgumentParser) -> dict[str, list[int]]:
                 args = parse_router_args(["--worker-urls", "http://127.0.0.1:1", option, str(value)])
                 args._validate_router_args()
                 Router.from_args(args)
-        except (OverflowError, ValueError, TypeError, SystemExit):
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # argparse's SystemExit, OverflowError, and pyo3's PanicException
             return False
         return True
 
@@ -220,8 +224,8 @@ def router_int_ranges(parser: argparse.ArgumentParser) -> dict[str, list[int]]:
         option = next(o for o in action.option_strings if o.startswith("--"))
         lows = [v for v in _LOWS if takes(option, v)]
         highs = [v for v in _HIGHS if takes(option, v)]
-        if lows and highs:
-            ranges[action.dest] = [min(lows), max(highs)]
+        if lows and highs and (min(lows), max(highs)) != (_LOWS[0], _HIGHS[-1]):
+            ranges[action.dest] = [min(lows), max(highs)]  # every edge taken: not handed over here
     return ranges
 
 

@@ -71,8 +71,8 @@ class Catalog:
     prefix_chars: str
     flags: tuple[Flag, ...]
     checked_later: Mapping[str, tuple[str, ...]]
-    # dest -> (lowest, highest) an integer flag may take for the program to start (the router's
-    # Rust fields: a value past them stops it at start-up); flags not listed: no known bound
+    # dest -> (lowest, highest) an integer flag's field holds (the router's Rust fields: a value past
+    # them stops it at start-up; one inside may still fail its start-up checks); not listed: no bound known
     int_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     by_option: Mapping[str, Flag] = field(init=False, repr=False, compare=False)
 

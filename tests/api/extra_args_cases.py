@@ -99,10 +99,8 @@ REFUSED: list[ArgCase] = [
     ArgCase("router-shutdown-grace-past-a-day", "router",
             ("--request-timeout-secs", "200000", "--shutdown-grace-period-secs", "100000"),
             "spec.router.extraArgs[2]", ("at most 86400 s here", "give at most 86400")),
-    ArgCase("router-decode-power-of-two", "router", ("--decode-policy", "power_of_two"), "spec.router.extraArgs[0]",
-            ("--decode-policy power_of_two", "fewer than two decode instances", "already routes decode")),
     ArgCase("router-prefill-power-of-two", "router", ("--prefill-policy=power_of_two",), "spec.router.extraArgs[0]",
-            ("power_of_two", "set spec.router.policy: power_of_two instead")),
+            ("power_of_two", "fewer than two prefill instances", "set spec.router.policy: power_of_two instead")),
     # the router hands its integers to Rust fields (u16, u32, u64, i32), bounds probed on 0.3.2
     ArgCase("router-negative-retries", "router", ("--retry-max-retries", "-1"), "spec.router.extraArgs[0]",
             ("--retry-max-retries -1", "sglang-router 0.3.2 takes 0 to 4294967295", "stops at start-up")),
@@ -128,6 +126,8 @@ ACCEPTED: list[ArgCase] = [
     ArgCase("deprecated-but-working", "decode", ("--disable-cuda-graph",)),
     ArgCase("router-tuning", "router", ("--prefill-policy", "bucket", "--max-concurrent-requests", "256")),
     ArgCase("router-longer-shutdown-grace", "router", ("--request-timeout-secs", "3600", "--shutdown-grace-period-secs", "3600")),
+    # two decode replicas, not autoscaled: the list always holds two (an existing spec keeps reconciling)
+    ArgCase("router-decode-power-of-two-fixed-pool", "router", ("--decode-policy", "power_of_two")),
     ArgCase("router-signed-limit", "router", ("--max-concurrent-requests", "-1", "--retry-max-retries", "4294967295")),
 ]  # fmt: skip
 

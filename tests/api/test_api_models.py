@@ -162,3 +162,39 @@ def test_a_drain_timeout_shorter_than_the_router_may_finish_requests_admits_with
     external = copy.deepcopy(scaled)
     external["decode"]["autoscaling"]["mode"] = "External"
     assert not any("drainTimeout" in w for w in warnings(external))
+
+
+def test_power_of_two_in_the_routers_role_flags_is_refused_only_where_a_list_can_hold_one() -> None:
+    """An autoscaled decode pool lists one instance when scaled in, or with one of two off the list
+    for its roll; sglang-router 0.3.2 does not start with power_of_two over one worker."""
+    fixed = copy.deepcopy(BASE_SPEC)
+    fixed.setdefault("router", {})["extraArgs"] = ["--decode-policy", "power_of_two"]
+    assert validate(fixed) == []  # two replicas, not autoscaled
+    scaled = copy.deepcopy(fixed)
+    scaled["decode"]["autoscaling"] = {
+        "mode": "Operator",
+        "minReplicas": 2,
+        "maxReplicas": 4,
+        "slo": {"itl": "50ms"},
+    }
+    (problem,) = validate(scaled)
+    assert problem.field == "spec.router.extraArgs[0]" and "autoscaled pool is scaled in" in problem.message
+    external = copy.deepcopy(scaled)
+    external["decode"]["autoscaling"]["mode"] = "External"
+    assert validate(external) == []
+
+
+def test_the_drain_timeout_warning_offers_a_fix_drain_timeout_can_take() -> None:
+    scaled = copy.deepcopy(BASE_SPEC)
+    scaled["decode"]["autoscaling"] = {
+        "mode": "Operator",
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "slo": {"itl": "50ms"},
+    }
+    scaled.setdefault("router", {})["extraArgs"] = [
+        "--request-timeout-secs", "86400", "--shutdown-grace-period-secs", "80000",
+    ]  # fmt: skip
+    assert validate(scaled) == []
+    (said,) = [w for w in warnings(scaled) if "drainTimeout" in w]
+    assert "lower the router's shutdown grace to 7195s or less" in said and "set drainTimeout" not in said

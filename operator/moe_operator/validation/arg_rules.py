@@ -39,6 +39,9 @@ class _List:
     catalog: Catalog
     owned: dict[str, str]
     pool: str  # names the pool in sources: spec.{pool}.nodesPerReplica
+    # router: the P/D roles whose list may hold fewer than two instances (one replica, or an
+    # autoscaled pool: scaled in, or an instance off the list for its roll)
+    short: frozenset[str] = frozenset()
 
     @property
     def engine(self) -> bool:
@@ -54,7 +57,9 @@ def check_extra_args(spec: MoEDeploymentSpec) -> list[Problem]:
             _List("spec.prefill.extraArgs", spec.prefill.extra_args, engine, ENGINE_OWNED, "prefill")
         )
     lists.append(_List("spec.decode.extraArgs", spec.decode.extra_args, engine, ENGINE_OWNED, "decode"))
-    lists.append(_List("spec.router.extraArgs", spec.router.extra_args, router, ROUTER_OWNED, "decode"))
+    lists.append(
+        _List("spec.router.extraArgs", spec.router.extra_args, router, ROUTER_OWNED, "decode", _short(spec))
+    )
     problems: list[Problem] = []
     for lst in lists:
         resolution = resolve(lst.catalog, lst.args)
@@ -64,6 +69,16 @@ def check_extra_args(spec: MoEDeploymentSpec) -> list[Problem]:
         found += [(o.index, _flag_problem(lst, o)) for o in resolution.occurrences]
         problems += [problem for _, problem in sorted(found, key=lambda f: f[0]) if problem is not None]
     return problems
+
+
+def _short(spec: MoEDeploymentSpec) -> frozenset[str]:
+    if spec.prefill is None:
+        return frozenset()  # the router has no roles without P/D
+    return frozenset(
+        role
+        for role, pool in (("prefill", spec.prefill), ("decode", spec.decode))
+        if pool.replicas < 2 or (pool.autoscaling is not None and pool.autoscaling.mode == "Operator")
+    )
 
 
 def _at(lst: _List, index: int, text: str) -> Problem:
@@ -252,6 +267,8 @@ def _power_of_two_problem(lst: _List, occ: Occurrence) -> Problem | None:
     if occ.flag.dest not in ("prefill_policy", "decode_policy") or occ.value != "power_of_two":
         return None
     role = occ.flag.dest.split("_")[0]
+    if role not in lst.short:
+        return None  # a fixed pool of two or more: the list always holds two
     fix = (
         "set spec.router.policy: power_of_two instead"
         if role == "prefill"
@@ -261,8 +278,9 @@ def _power_of_two_problem(lst: _List, occ: Occurrence) -> Problem | None:
         lst,
         occ.index,
         f"{_spelled(occ)} power_of_two: {_program(lst)} stops at start-up when it lists fewer than two "
-        f"{role} instances, as it does while the pool is scaled in or an instance rolls, and this flag "
-        f"would keep the operator from falling back to round_robin then; {fix}",
+        f"{role} instances, as it does with one replica, or while an autoscaled pool is scaled in or "
+        f"an instance rolls, and this flag would keep the operator from falling back to round_robin "
+        f"then; {fix}",
     )
 
 

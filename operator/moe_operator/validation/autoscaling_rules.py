@@ -12,6 +12,8 @@ from ..api.types import parse_duration
 from .flags import ROUTER_PRESTOP_S, router_shutdown_grace_s
 from .problem import Problem
 
+MAX_DRAIN_TIMEOUT_S = 7200  # autoscaling.drainTimeout's own maximum (2h)
+
 
 def check_autoscaling(spec: MoEDeploymentSpec) -> list[Problem]:
     problems: list[Problem] = []
@@ -93,6 +95,11 @@ def autoscaling_warnings(spec: MoEDeploymentSpec) -> list[str]:
     if spec.router.replicas == 0:
         return []
     grace = ROUTER_PRESTOP_S + router_shutdown_grace_s(spec.router.extra_args)
+    fix = (
+        f"set drainTimeout to {grace}s or more, or lower the router's shutdown grace"
+        if grace <= MAX_DRAIN_TIMEOUT_S
+        else f"lower the router's shutdown grace to {MAX_DRAIN_TIMEOUT_S - ROUTER_PRESTOP_S}s or less"
+    )
     out: list[str] = []
     for name, pool in pools(spec).items():
         a = pool.autoscaling
@@ -102,6 +109,6 @@ def autoscaling_warnings(spec: MoEDeploymentSpec) -> list[str]:
             f"spec.{name}.autoscaling.drainTimeout ({a.drain_timeout}) is shorter than a replaced router "
             f"pod may keep finishing requests ({grace}s: its {ROUTER_PRESTOP_S}s pre-stop wait and the router's "
             "--shutdown-grace-period-secs): a drain that times out removes the instance with those requests "
-            f"in flight; set drainTimeout to {grace}s or more, or lower the router's shutdown grace"
+            f"in flight; {fix}"
         )
     return out
