@@ -121,13 +121,7 @@ def test_a_width_change_admits_with_a_warning_that_says_what_it_costs() -> None:
     assert not any("nodesPerReplica" in w for w in warnings(BASE_SPEC, BASE_SPEC))
     assert not any("nodesPerReplica" in w for w in warnings(wider))  # a creation changes nothing
     assert any("requests in flight are lost (with autoscaling" in w for w in said)
-    scaled = copy.deepcopy(wider)
-    scaled["decode"]["autoscaling"] = {
-        "mode": "Operator",
-        "minReplicas": 1,
-        "maxReplicas": 4,
-        "slo": {"itl": "50ms"},
-    }
+    scaled = _autoscaled(wider)
     drained = [w for w in warnings(scaled, BASE_SPEC) if "nodesPerReplica" in w]
     assert drained and "finish its requests before it restarts" in drained[0]
     applying = copy.deepcopy(scaled)
@@ -139,14 +133,7 @@ def test_a_width_change_admits_with_a_warning_that_says_what_it_costs() -> None:
 def test_a_drain_timeout_shorter_than_the_router_may_finish_requests_admits_with_a_warning() -> None:
     """A replaced router pod may finish requests at the leaving instance for its pre-stop wait plus
     its shutdown grace (sglang-router 0.3.2: 180 s by default); a shorter drainTimeout cuts them."""
-    scaled = copy.deepcopy(BASE_SPEC)
-    scaled["decode"]["autoscaling"] = {
-        "mode": "Operator",
-        "minReplicas": 1,
-        "maxReplicas": 4,
-        "slo": {"itl": "50ms"},
-        "drainTimeout": "2m",
-    }
+    scaled = _autoscaled(BASE_SPEC, drainTimeout="2m")
     assert validate(scaled) == []
     said = [w for w in warnings(scaled) if "drainTimeout" in w]
     assert len(said) == 1 and "spec.decode.autoscaling.drainTimeout (2m)" in said[0] and "185s" in said[0]
@@ -170,13 +157,7 @@ def test_power_of_two_in_the_routers_role_flags_is_refused_only_where_a_list_can
     fixed = copy.deepcopy(BASE_SPEC)
     fixed.setdefault("router", {})["extraArgs"] = ["--decode-policy", "power_of_two"]
     assert validate(fixed) == []  # two replicas, not autoscaled
-    scaled = copy.deepcopy(fixed)
-    scaled["decode"]["autoscaling"] = {
-        "mode": "Operator",
-        "minReplicas": 2,
-        "maxReplicas": 4,
-        "slo": {"itl": "50ms"},
-    }
+    scaled = _autoscaled(fixed, minReplicas=2)
     (problem,) = validate(scaled)
     assert problem.field == "spec.router.extraArgs[0]" and "autoscaled pool is scaled in" in problem.message
     external = copy.deepcopy(scaled)
@@ -185,16 +166,19 @@ def test_power_of_two_in_the_routers_role_flags_is_refused_only_where_a_list_can
 
 
 def test_the_drain_timeout_warning_offers_a_fix_drain_timeout_can_take() -> None:
-    scaled = copy.deepcopy(BASE_SPEC)
-    scaled["decode"]["autoscaling"] = {
-        "mode": "Operator",
-        "minReplicas": 1,
-        "maxReplicas": 4,
-        "slo": {"itl": "50ms"},
-    }
+    scaled = _autoscaled(BASE_SPEC)
     scaled.setdefault("router", {})["extraArgs"] = [
         "--request-timeout-secs", "86400", "--shutdown-grace-period-secs", "80000",
     ]  # fmt: skip
     assert validate(scaled) == []
     (said,) = [w for w in warnings(scaled) if "drainTimeout" in w]
     assert "lower the router's shutdown grace to 7195s or less" in said and "set drainTimeout" not in said
+
+
+def _autoscaled(spec: dict, **autoscaling: object) -> dict:  # type: ignore[type-arg]
+    """``spec`` with its decode pool autoscaled by the operator on a 50 ms ITL, 1 to 4 instances."""
+    out = copy.deepcopy(spec)
+    out["decode"]["autoscaling"] = {
+        "mode": "Operator", "minReplicas": 1, "maxReplicas": 4, "slo": {"itl": "50ms"}, **autoscaling,
+    }  # fmt: skip
+    return out

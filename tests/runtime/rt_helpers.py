@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from local_ports import free_port as free_port  # re-exported: the runtime tests import it from here
@@ -175,3 +176,27 @@ class StubWorkerHandler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *_: object) -> None:
         pass
+
+
+def router_ready(proc: subprocess.Popen[bytes], base: str, log: Path) -> Callable[[], bool]:
+    """A wait_for predicate: the router at ``base`` answers /readiness 200; fails at once, with its
+    log, if the process has exited."""
+
+    def ready() -> bool:
+        assert proc.poll() is None, log.read_text()[-4000:]
+        try:
+            return httpx.get(f"{base}/readiness", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return ready
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

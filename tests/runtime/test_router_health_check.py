@@ -18,9 +18,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from rt_helpers import free_port, require_sglang, wait_for
+from rt_helpers import free_port, require_sglang, router_ready, stop_process, wait_for
 
 from moe_operator.render.group import Owner
 from moe_operator.render.shared import router_objects
@@ -82,24 +81,13 @@ def test_router_checks_workers_with_ready_not_the_generating_health(worker: Work
     proc = subprocess.Popen([sys.executable, *argv], stdout=log, stderr=subprocess.STDOUT)
     try:
         base = f"http://127.0.0.1:{port}"
-
-        def ready() -> bool:
-            assert proc.poll() is None, (tmp_path / "router.log").read_text()[-4000:]
-            try:
-                return httpx.get(f"{base}/readiness", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, 60, what="router ready with the stub worker")
+        wait_for(
+            router_ready(proc, base, tmp_path / "router.log"), 60, what="router ready with the stub worker"
+        )
         seen = len(worker.paths)
         wait_for(lambda: worker.paths[seen:].count("/ready") >= 3, 30, what="three periodic checks")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
     # Once checks start, they are all /ready; /health only came before, while registering.
     first = worker.paths.index("/ready")
     assert set(worker.paths[first:]) == {"/ready"}, worker.paths

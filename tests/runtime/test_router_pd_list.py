@@ -18,9 +18,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
-from rt_helpers import StubWorkerHandler, free_port, wait_for
+from rt_helpers import StubWorkerHandler, free_port, router_ready, stop_process, wait_for
 
 from moe_operator.render.group import Owner
 from moe_operator.render.shared import router_objects
@@ -75,20 +74,12 @@ def test_a_pd_router_listing_one_decode_instance_starts(
     log = tmp_path / "router.log"
     proc = subprocess.Popen([sys.executable, *argv], stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
-
-        def ready() -> bool:
-            assert proc.poll() is None, log.read_text()[-4000:]
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/readiness", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, 60, what="the P/D router listing one decode instance ready")
+        wait_for(
+            router_ready(proc, f"http://127.0.0.1:{port}", log),
+            60,
+            what="the P/D router listing one decode instance ready",
+        )
         time.sleep(1.0)
         assert proc.poll() is None, log.read_text()[-4000:]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)

@@ -159,6 +159,9 @@ class LatencyTargets(APIObject):
     )
 
 
+MAX_DRAIN_TIMEOUT = "2h"  # autoscaling.drainTimeout's maximum (admission's drain warning reads it too)
+
+
 class PoolAutoscalingSpec(APIObject):
     """The operator sizes the pool to its SLO, whole instances at a time (docs/autoscaling.md)."""
 
@@ -211,7 +214,7 @@ class PoolAutoscalingSpec(APIObject):
         description="Scale-in sizes the pool for the highest load of this window, so a dip shorter "
         "than it removes nothing.",
     )
-    drain_timeout: Annotated[Duration, DurationRange("10s", "2h")] = Field(
+    drain_timeout: Annotated[Duration, DurationRange("10s", MAX_DRAIN_TIMEOUT)] = Field(
         default="10m",
         description="How long an instance being removed may take to finish its requests after the "
         "router stops sending it new ones; after it the instance goes with what it still runs.",

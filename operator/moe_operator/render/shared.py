@@ -163,7 +163,8 @@ def router_objects(
         return [f"http://{leader_address(owner, pool, i)}:{port}" for i in range(listed(pool)) if i != hole]
 
     startup = math.ceil(startup_timeout_s(spec))
-    workers = sum(len(urls(pool)) for pool in pools(spec))
+    lists = {pool: urls(pool) for pool in pools(spec)}
+    workers = sum(len(listed) for listed in lists.values())
     policy = router_policy(r.policy, workers)
     args = [
         "--host",
@@ -181,13 +182,13 @@ def router_objects(
     args += ["--health-check-endpoint", "/ready"]
     if spec.prefill is not None:
         args.append("--pd-disaggregation")
-        args += router_role_policies(spec, len(urls("prefill")), len(urls("decode")))
-        for url in urls("prefill"):
+        args += router_role_policies(spec, len(lists["prefill"]), len(lists["decode"]))
+        for url in lists["prefill"]:
             args += ["--prefill", url, str(spec.kv_transfer.bootstrap_port)]
-        for url in urls("decode"):
+        for url in lists["decode"]:
             args += ["--decode", url]
     else:
-        args += ["--worker-urls", *urls("decode")]
+        args += ["--worker-urls", *lists["decode"]]
     args += list(r.extra_args)
     labels = L.base_labels(owner.name, "router")
     selector = {K.DEPLOYMENT: owner.name, "app.kubernetes.io/component": "router"}

@@ -7,12 +7,12 @@ down); these say them with the field to change, for the webhook, the CLI and tes
 from __future__ import annotations
 
 from ..api.derived import pools, world_size
-from ..api.spec import MoEDeploymentSpec
+from ..api.spec import MAX_DRAIN_TIMEOUT, MoEDeploymentSpec
 from ..api.types import parse_duration
 from .flags import ROUTER_PRESTOP_S, router_shutdown_grace_s
 from .problem import Problem
 
-MAX_DRAIN_TIMEOUT_S = 7200  # autoscaling.drainTimeout's own maximum (2h)
+MAX_DRAIN_TIMEOUT_S = round(parse_duration(MAX_DRAIN_TIMEOUT))
 
 
 def check_autoscaling(spec: MoEDeploymentSpec) -> list[Problem]:
